@@ -1,0 +1,41 @@
+# Dead Letter Office — the two commands: `make run` and `make test`.
+PYTHON ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: run test lint typecheck pytest venv demo clean
+
+$(STAMP): requirements.lock
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet --require-hashes -r requirements.lock
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+## make run: the dashboard on http://127.0.0.1:8000 with embedded defaults (SQLite, in-memory
+## channel layer, in-process scheduler). The first run creates the schema and an admin login.
+run: $(STAMP)
+	$(BIN)/python manage.py migrate --noinput
+	$(BIN)/python manage.py firstrun
+	DLO_INPROCESS_SCHEDULER=1 $(BIN)/python manage.py runserver 127.0.0.1:8000
+
+## make test: lint, format check, type check, then the whole suite.
+test: lint typecheck pytest
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+typecheck: $(STAMP)
+	$(BIN)/mypy dashboard channels_registry brokers dlq audit alerts
+
+pytest: $(STAMP)
+	$(BIN)/pytest $(PYTEST_ARGS)
+
+demo: $(STAMP)
+	$(BIN)/python manage.py demo
+
+clean:
+	rm -rf $(VENV) db.sqlite3

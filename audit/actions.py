@@ -1,0 +1,160 @@
+"""Writing to the audit trail. ``record`` is the only writer of ``AuditEvent`` rows."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from django.conf import settings
+from django.core.serializers.json import DjangoJSONEncoder
+from django.db import models, transaction
+from django.http import HttpRequest
+from django.utils import timezone
+
+from audit.chain import GENESIS, VerifyResult, canonical_time, compute_hash, verify_events
+from audit.models import AuditEvent, AuditHead, ChainVerification, Outcome
+
+
+@dataclasses.dataclass(frozen=True)
+class Actor:
+    """Who did it: a user (id and username snapshot) or a named system actor, and from where."""
+
+    user_id: int | None
+    username: str
+    ip: str | None = None
+
+    @classmethod
+    def from_request(cls, request: HttpRequest) -> Actor:
+        user = getattr(request, "user", None)
+        ip = request.META.get("REMOTE_ADDR") or None
+        if user is not None and user.is_authenticated:
+            return cls(user.pk, user.get_username(), ip)
+        return cls(None, "", ip)
+
+    @classmethod
+    def for_user(cls, user: Any, ip: str | None = None) -> Actor:
+        return cls(user.pk, user.get_username(), ip)
+
+    @classmethod
+    def system(cls, name: str | None = None) -> Actor:
+        return cls(None, name or settings.DLO_SYSTEM_ACTOR, None)
+
+
+def _clean(value: Any) -> Any:
+    """JSON-normal form of ``value`` exactly as the database will give it back, with NUL
+    characters (which PostgreSQL text and jsonb refuse) replaced."""
+    if value is None:
+        return None
+    text = json.dumps(value, cls=DjangoJSONEncoder, sort_keys=True)
+    return json.loads(text.replace("\\u0000", "\\ufffd"))
+
+
+def _text(value: str, limit: int | None = None) -> str:
+    value = value.replace("\x00", "\ufffd")
+    return value[:limit] if limit else value
+
+
+def diff(before: Mapping[str, Any] | None, after: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Field-by-field changes: ``{field: [old, new]}`` for every field whose value differs."""
+    before, after = before or {}, after or {}
+    return {
+        key: [before.get(key), after.get(key)]
+        for key in sorted(set(before) | set(after))
+        if before.get(key) != after.get(key)
+    }
+
+
+def record(
+    action: str,
+    *,
+    actor: Actor,
+    target: models.Model | None = None,
+    target_type: str = "",
+    target_id: str | int = "",
+    target_repr: str = "",
+    channel_slug: str = "",
+    reason: str = "",
+    before: Mapping[str, Any] | None = None,
+    after: Mapping[str, Any] | None = None,
+    outcome: str = Outcome.SUCCESS,
+) -> AuditEvent:
+    """Append one event to the chain, inside the caller's transaction.
+
+    1. Lock the head row (``SELECT … FOR UPDATE``; SQLite transactions are IMMEDIATE), so
+       concurrent writers queue and the chain cannot fork.
+    2. Build the event on top of the head's (seq, hash), hash it, insert it.
+    3. Move the head. If the caller's transaction rolls back, all three vanish together.
+    """
+    if target is not None:
+        target_type = target_type or target._meta.label_lower
+        target_id = target_id or str(target.pk)
+        target_repr = target_repr or str(target)
+    with transaction.atomic():
+        head = AuditHead.objects.select_for_update().filter(pk=1).first()
+        if head is None:
+            head = AuditHead.objects.create(pk=1, seq=0, hash="")
+        clean_before, clean_after = _clean(before), _clean(after)
+        changes = _clean(diff(before, after)) if before is not None and after is not None else None
+        event = AuditEvent(
+            seq=head.seq + 1,
+            created_at=timezone.now(),
+            actor_id=actor.user_id,
+            actor_username=_text(actor.username, 150),
+            source_ip=actor.ip,
+            action=action,
+            target_type=_text(target_type, 64),
+            target_id=_text(str(target_id), 64),
+            target_repr=_text(target_repr, 300),
+            channel_slug=channel_slug,
+            reason=_text(reason),
+            before=clean_before,
+            after=clean_after,
+            changes=changes,
+            outcome=outcome,
+            prev_hash=head.hash or GENESIS,
+        )
+        event.hash = compute_hash(event.canonical_fields())
+        event.save(force_insert=True)
+        AuditHead.objects.filter(pk=1).update(seq=event.seq, hash=event.hash)
+    return event
+
+
+def _stored_events() -> Iterator[dict[str, Any]]:
+    fields = [f.name for f in AuditEvent._meta.concrete_fields if f.name != "id"]
+    for row in AuditEvent.objects.order_by("seq").values(*fields).iterator(chunk_size=5000):
+        row["created_at"] = canonical_time(row["created_at"])
+        yield row
+
+
+def verify_chain() -> VerifyResult:
+    """Walk the stored chain from #1 to the recorded head (constant memory)."""
+    head = AuditHead.objects.filter(pk=1).first()
+    expected = (head.seq, head.hash) if head and head.seq else None
+    return verify_events(_stored_events(), expected_head=expected)
+
+
+def do_verify_chain(actor: Actor) -> ChainVerification:
+    """Verify the chain, keep the result for the audit page, and audit the verification."""
+    started = ChainVerification.objects.create()
+    result = verify_chain()
+    with transaction.atomic():
+        ChainVerification.objects.filter(pk=started.pk).update(
+            finished_at=timezone.now(),
+            ok=result.ok,
+            events=result.events,
+            head_seq=result.head_seq,
+            head_hash=result.head_hash,
+            first_bad_seq=result.first_bad_seq,
+            problem=result.problem,
+        )
+        record(
+            "audit.verify",
+            actor=actor,
+            target_type="audit.chain",
+            target_repr=result.summary()[:300],
+            outcome=Outcome.SUCCESS if result.ok else Outcome.FAILED,
+        )
+    started.refresh_from_db()
+    return started

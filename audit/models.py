@@ -1,0 +1,104 @@
+"""The append-only, hash-chained audit trail."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import models
+
+
+class Outcome(models.TextChoices):
+    SUCCESS = "success", "Success"
+    DENIED = "denied", "Denied"
+    FAILED = "failed", "Failed"
+
+
+class AuditEvent(models.Model):
+    """One recorded action. Rows are never updated or deleted (database triggers refuse it);
+    ``hash`` chains each row to the one before, so an edit anywhere is detectable."""
+
+    seq = models.BigIntegerField(unique=True)
+    created_at = models.DateTimeField(db_index=True)
+    actor_id = models.BigIntegerField(null=True, blank=True)
+    actor_username = models.CharField(max_length=150, blank=True)
+    source_ip = models.GenericIPAddressField(null=True, blank=True)
+    action = models.CharField(max_length=64, db_index=True)
+    target_type = models.CharField(max_length=64, blank=True)
+    target_id = models.CharField(max_length=64, blank=True)
+    target_repr = models.CharField(max_length=300, blank=True)
+    channel_slug = models.CharField(max_length=100, blank=True, db_index=True)
+    reason = models.TextField(blank=True)
+    before = models.JSONField(null=True, blank=True)
+    after = models.JSONField(null=True, blank=True)
+    changes = models.JSONField(null=True, blank=True)
+    outcome = models.CharField(max_length=16, choices=Outcome.choices, default=Outcome.SUCCESS)
+    prev_hash = models.CharField(max_length=64)
+    hash = models.CharField(max_length=64, unique=True)
+
+    class Meta:
+        ordering = ["seq"]
+        indexes = [
+            models.Index(fields=["target_type", "target_id", "seq"]),
+            models.Index(fields=["actor_username", "seq"]),
+        ]
+        permissions = [
+            ("export_auditevent", "Can export the audit trail"),
+            ("verify_auditevent", "Can verify the audit chain"),
+        ]
+
+    def __str__(self) -> str:
+        return f"#{self.seq} {self.action} {self.target_repr}"
+
+    def canonical_fields(self) -> dict[str, Any]:
+        from audit.chain import canonical_time
+
+        return {
+            "seq": self.seq,
+            "created_at": canonical_time(self.created_at),
+            "actor_id": self.actor_id,
+            "actor_username": self.actor_username,
+            "source_ip": self.source_ip,
+            "action": self.action,
+            "target_type": self.target_type,
+            "target_id": self.target_id,
+            "target_repr": self.target_repr,
+            "channel_slug": self.channel_slug,
+            "reason": self.reason,
+            "before": self.before,
+            "after": self.after,
+            "changes": self.changes,
+            "outcome": self.outcome,
+            "prev_hash": self.prev_hash,
+        }
+
+
+class AuditHead(models.Model):
+    """The last (seq, hash) written, updated in the same transaction as each event. Lets the
+    verifier notice a truncated tail, which a chain alone cannot show."""
+
+    id = models.PositiveSmallIntegerField(primary_key=True, default=1)
+    seq = models.BigIntegerField(default=0)
+    hash = models.CharField(max_length=64, blank=True)
+
+    def __str__(self) -> str:
+        return f"head #{self.seq}"
+
+
+class ChainVerification(models.Model):
+    """The result of one walk of the chain (shown on the audit page)."""
+
+    started_at = models.DateTimeField(auto_now_add=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    ok = models.BooleanField(null=True)
+    events = models.BigIntegerField(default=0)
+    head_seq = models.BigIntegerField(null=True, blank=True)
+    head_hash = models.CharField(max_length=64, blank=True)
+    first_bad_seq = models.BigIntegerField(null=True, blank=True)
+    problem = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["-started_at"]
+        get_latest_by = "started_at"
+
+    def __str__(self) -> str:
+        return f"verification {self.started_at:%Y-%m-%d %H:%M} ok={self.ok}"

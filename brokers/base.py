@@ -1,0 +1,286 @@
+"""The one small interface every broker adapter implements.
+
+Plain Python: nothing here (or in any adapter module) imports Django. The dashboard turns a
+Broker declaration into an adapter with ``brokers.get_adapter()`` and calls it from its polling,
+ingest and replay actions.
+
+Contracts shared by every method:
+
+1. Every network call is bounded by ``self.timeout`` seconds (connect and each request).
+2. Every failure leaves the adapter as ``BrokerError``; ``permanent=True`` means retrying the same
+   call will not help (bad credentials, unknown vhost, malformed URL), ``False`` means it might
+   (refused connection, timeout, a broker restarting).
+3. ``None`` in a measurement means *unknown*, never zero. An adapter that cannot measure a field
+   leaves it ``None``; the dashboard renders that as "unknown", not as a healthy 0.
+4. Loops are bounded: paging stops at ``max_pages``; fetches stop at ``max_batch``.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+
+class BrokerError(Exception):
+    """The one error type adapters raise. ``permanent`` says whether a retry could help."""
+
+    def __init__(self, message: str, *, permanent: bool = False) -> None:
+        super().__init__(message)
+        self.permanent = permanent
+
+
+@dataclasses.dataclass(frozen=True, order=True)
+class Address:
+    """Where a channel lives on its broker.
+
+    - RabbitMQ: ``name`` is the queue; ``group`` is unused ("").
+    - Redis Streams: ``name`` is the stream key; ``group`` is the consumer group.
+    - NATS JetStream: ``name`` is the stream; ``group`` is the durable consumer.
+    """
+
+    name: str
+    group: str = ""
+
+    def __str__(self) -> str:
+        return f"{self.name}/{self.group}" if self.group else self.name
+
+
+@dataclasses.dataclass
+class ChannelStats:
+    """One broker-neutral sample of one address. ``None`` means unknown, never 0.
+
+    Gauges: ``backlog`` (ready/pending, not yet delivered), ``in_flight`` (delivered, unacked),
+    ``retained`` (stored in total), ``consumers``/``active_consumers``, ``redelivered`` (messages
+    delivered more than once, as the broker counts them), ``oldest_message_age_s`` (age of the
+    oldest undelivered message), ``oldest_unacked_age_s`` (idle time of the oldest pending one).
+
+    Positions are monotonic counters for rates and trends: ``produced`` (published into the
+    address), ``delivered``, ``acked`` and ``dead_lettered``. They may reset when a broker restarts;
+    consumers of this class treat a decrease as a reset, not as negative progress.
+    """
+
+    address: Address
+    exists: bool = True
+    backlog: int | None = None
+    in_flight: int | None = None
+    retained: int | None = None
+    consumers: int | None = None
+    active_consumers: int | None = None
+    redelivered: int | None = None
+    oldest_message_age_s: float | None = None
+    oldest_unacked_age_s: float | None = None
+    produced: int | None = None
+    delivered: int | None = None
+    acked: int | None = None
+    dead_lettered: int | None = None
+    observed_at: float = dataclasses.field(default_factory=time.time)
+
+    def as_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["address"] = str(self.address)
+        return data
+
+
+@dataclasses.dataclass
+class PollResult:
+    """What one poll of many addresses returned, and what it cost."""
+
+    stats: dict[Address, ChannelStats]
+    round_trips: int
+    duration_s: float
+    errors: list[str] = dataclasses.field(default_factory=list)
+
+
+@dataclasses.dataclass
+class Topology:
+    """What the broker actually has configured for one address (for declared-vs-observed).
+
+    ``None`` means the adapter could not tell. ``raw`` keeps the broker's own description (queue
+    arguments plus effective policy; consumer config) for display.
+    """
+
+    address: Address
+    exists: bool
+    kind: str | None = None  # "classic" | "quorum" | "stream" | "redis-stream" | "jetstream"
+    dead_letter_target: str | None = None  # DLX / DLQ the broker routes to, "" if none
+    delivery_limit: int | None = None  # quorum delivery-limit / JetStream max_deliver; -1 = none
+    dead_letter_strategy: str | None = None  # "at-most-once" | "at-least-once"
+    overflow: str | None = None  # "drop-head" | "reject-publish" | "reject-publish-dlx"
+    ack_policy: str | None = None  # JetStream: "none" | "all" | "explicit"
+    max_ack_pending: int | None = None  # JetStream max_ack_pending; -1 = unbounded
+    raw: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass
+class DeadLetter:
+    """One message read from a dead-letter (or poison) address, not yet acknowledged.
+
+    ``dedupe_key`` is the adapter's stable identity of this dead letter: reading the same message
+    twice (after a crash before the ack) yields the same key, so the store can insert it once.
+    ``token`` is what ``DrainSession.ack`` needs to acknowledge it on the broker.
+    ``headers`` are JSON-safe (bytes decoded as text where possible, else ``{"$bytes": hex}``).
+    """
+
+    dedupe_key: str
+    body: bytes
+    headers: dict[str, Any]
+    properties: dict[str, Any]
+    token: Any
+    broker_id: str
+    redelivery_count: int | None = None
+    reason: str | None = None
+    first_death_queue: str | None = None
+    first_death_exchange: str | None = None
+    first_death_at: float | None = None
+    dead_lettered_at: float | None = None
+    death_history: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+
+
+@dataclasses.dataclass
+class OutgoingMessage:
+    """A message to publish (replay). ``key`` identifies it in the results."""
+
+    key: str
+    body: bytes
+    headers: dict[str, Any]
+    properties: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass
+class PublishOutcome:
+    """The broker's verdict on one published message: confirmed, or not with a reason."""
+
+    key: str
+    confirmed: bool
+    reason: str = ""
+    permanent: bool = False
+
+
+class DrainSession(abc.ABC):
+    """An open consuming session on one dead-letter address, with manual acknowledgement."""
+
+    @abc.abstractmethod
+    def fetch(self, max_batch: int, wait_s: float) -> list[DeadLetter]:
+        """Return up to ``max_batch`` unacknowledged dead letters, waiting at most ``wait_s``
+        for the first. Messages stay on the broker until ``ack``; an empty list means drained."""
+
+    @abc.abstractmethod
+    def ack(self, letters: Sequence[DeadLetter]) -> None:
+        """Acknowledge (remove from the broker) exactly these letters. Call only after the
+        store has durably committed them."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Close the session; unacknowledged letters go back to the broker."""
+
+
+class Publisher(abc.ABC):
+    """An open publishing session to one target with broker confirmation."""
+
+    @abc.abstractmethod
+    def publish(self, messages: Sequence[OutgoingMessage]) -> list[PublishOutcome]:
+        """Publish persistently and wait (bounded) for the broker's verdict on each message.
+
+        A message is ``confirmed`` only after a positive broker acknowledgement and, where the
+        broker can say so, proof that it was routed (RabbitMQ: no ``basic.return``)."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Close the session."""
+
+
+class BrokerAdapter(abc.ABC):
+    """One broker connection description; cheap to build, opens connections per call."""
+
+    kind: str = ""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        management_url: str | None = None,
+        timeout: float = 5.0,
+        max_pages: int = 100,
+    ) -> None:
+        self.url = url
+        self.management_url = management_url or None
+        self.timeout = timeout
+        self.max_pages = max_pages
+
+    @abc.abstractmethod
+    def ping(self) -> None:
+        """Raise ``BrokerError`` unless the broker answers within the timeout."""
+
+    @abc.abstractmethod
+    def poll(self, addresses: Sequence[Address]) -> PollResult:
+        """Sample every address in as few round trips as the broker allows (independent of the
+        number of addresses where the broker has a bulk call). Addresses the broker does not
+        have come back with ``exists=False``. Raises ``BrokerError`` only when the broker as a
+        whole cannot be read."""
+
+    @abc.abstractmethod
+    def inspect(self, addresses: Sequence[Address]) -> dict[Address, Topology]:
+        """Read the configuration behind each address (less often than ``poll``)."""
+
+    def prepare_drain(self, address: Address) -> None:
+        """Idempotently create what draining ``address`` needs on the broker, so that no dead
+        letter is lost while the ingester is down (Redis: the dashboard's consumer group on the
+        DLQ stream; NATS: the stream capturing MAX_DELIVERIES/TERMINATED advisories). The
+        default does nothing (RabbitMQ's DLQ is a queue that keeps its messages)."""
+        return None
+
+    @abc.abstractmethod
+    def open_drain(self, address: Address) -> DrainSession:
+        """Open a manual-ack consuming session on a dead-letter address. Never destructive:
+        nothing is removed until ``DrainSession.ack``."""
+
+    @abc.abstractmethod
+    def open_publisher(self, target: Address) -> Publisher:
+        """Open a confirmed publishing session to ``target`` (where a replay goes)."""
+
+    @contextmanager
+    def drain(self, address: Address) -> Iterator[DrainSession]:
+        session = self.open_drain(address)
+        try:
+            yield session
+        finally:
+            session.close()
+
+    @contextmanager
+    def publisher(self, target: Address) -> Iterator[Publisher]:
+        session = self.open_publisher(target)
+        try:
+            yield session
+        finally:
+            session.close()
+
+
+def json_safe_headers(headers: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Headers as JSON-safe data: text stays text, bytes become text when valid UTF-8, else
+    ``{"$bytes": "<hex>"}``; nested tables and lists are converted recursively; other scalars are
+    kept when JSON can hold them, else their ``repr``. Values are never evaluated."""
+    return {str(k): _json_safe(v, depth=0) for k, v in (headers or {}).items()}
+
+
+def _json_safe(value: Any, depth: int) -> Any:
+    if depth > 32:
+        return "…(nested too deep)"
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    if isinstance(value, bytes | bytearray | memoryview):
+        raw = bytes(value)
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError:
+            return {"$bytes": raw.hex()}
+    if isinstance(value, Mapping):
+        return {str(k): _json_safe(v, depth + 1) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_json_safe(v, depth + 1) for v in value]
+    if hasattr(value, "timestamp"):
+        return value.timestamp()
+    return repr(value)

@@ -1,0 +1,84 @@
+"""State changes of the registry: every save and delete is atomic and audited."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import transaction
+
+from audit.actions import Actor, record
+from channels_registry.checks import ERROR, check_channel
+from channels_registry.models import Broker, Channel
+
+
+def refresh_findings(channel: Channel) -> None:
+    """Recompute the declaration checks into the cached fields (no save)."""
+    findings = check_channel(channel)
+    channel.findings = [f.as_dict() for f in findings]
+    channel.error_count = sum(1 for f in findings if f.severity == ERROR)
+    channel.warning_count = len(findings) - channel.error_count
+
+
+@transaction.atomic
+def do_save_broker(broker: Broker, *, actor: Actor, before: dict[str, Any] | None) -> Broker:
+    """Create or update a broker; ``before`` is its snapshot before the edit (None: new)."""
+    broker.full_clean()
+    broker.save()
+    record(
+        "registry.broker.create" if before is None else "registry.broker.update",
+        actor=actor,
+        target=broker,
+        before=before,
+        after=broker.audit_snapshot(),
+    )
+    return broker
+
+
+@transaction.atomic
+def do_delete_broker(broker: Broker, *, actor: Actor, reason: str = "") -> None:
+    snapshot = broker.audit_snapshot()
+    target_id, target_repr = str(broker.pk), str(broker)
+    broker.delete()
+    record(
+        "registry.broker.delete",
+        actor=actor,
+        target_type="channels_registry.broker",
+        target_id=target_id,
+        target_repr=target_repr,
+        reason=reason,
+        before=snapshot,
+    )
+
+
+@transaction.atomic
+def do_save_channel(channel: Channel, *, actor: Actor, before: dict[str, Any] | None) -> Channel:
+    """Create or update a channel declaration and rerun its checks."""
+    channel.full_clean()
+    refresh_findings(channel)
+    channel.save()
+    record(
+        "registry.channel.create" if before is None else "registry.channel.update",
+        actor=actor,
+        target=channel,
+        channel_slug=channel.slug,
+        before=before,
+        after={**channel.audit_snapshot(), "findings": [f["code"] for f in channel.findings]},
+    )
+    return channel
+
+
+@transaction.atomic
+def do_delete_channel(channel: Channel, *, actor: Actor, reason: str = "") -> None:
+    snapshot = channel.audit_snapshot()
+    target_id, target_repr, slug = str(channel.pk), str(channel), channel.slug
+    channel.delete()
+    record(
+        "registry.channel.delete",
+        actor=actor,
+        target_type="channels_registry.channel",
+        target_id=target_id,
+        target_repr=target_repr,
+        channel_slug=slug,
+        reason=reason,
+        before=snapshot,
+    )

@@ -1,0 +1,191 @@
+"""Django admin forms for registry admins. Saves and deletes go through the actions."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import admin, messages
+from django.db.models import QuerySet
+from django.http import HttpRequest
+from django.utils.html import format_html, format_html_join
+from django.utils.safestring import SafeString
+
+from audit.actions import Actor
+from channels_registry.actions import (
+    do_delete_broker,
+    do_delete_channel,
+    do_save_broker,
+    do_save_channel,
+    refresh_findings,
+)
+from channels_registry.forms import BrokerForm, ChannelForm
+from channels_registry.models import Broker, Channel
+
+
+def render_findings(findings: list[dict[str, Any]]) -> SafeString:
+    if not findings:
+        return format_html(
+            '<p class="finding-none">{}</p>',
+            "No findings: the declaration follows the delivery discipline.",
+        )
+    items = format_html_join(
+        "",
+        '<li class="finding finding-{}"><strong>{} · {}</strong> {} <em>Fix: {}</em></li>',
+        (
+            (f["severity"], f["severity"].upper(), f["principle"], f["message"], f["fix"])
+            for f in findings
+        ),
+    )
+    return format_html('<ul class="findings">{}</ul>', items)
+
+
+@admin.register(Broker)
+class BrokerAdmin(admin.ModelAdmin):
+    form = BrokerForm
+    list_display = ["name", "kind", "url_source", "management_url", "enabled", "poll_interval_s"]
+    list_filter = ["kind", "enabled"]
+    search_fields = ["name"]
+
+    def save_model(self, request: HttpRequest, obj: Broker, form: Any, change: bool) -> None:
+        before = Broker.objects.get(pk=obj.pk).audit_snapshot() if change else None
+        do_save_broker(obj, actor=Actor.from_request(request), before=before)
+
+    def delete_model(self, request: HttpRequest, obj: Broker) -> None:
+        do_delete_broker(obj, actor=Actor.from_request(request))
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[Broker]) -> None:
+        for broker in queryset:
+            do_delete_broker(broker, actor=Actor.from_request(request))
+
+
+@admin.register(Channel)
+class ChannelAdmin(admin.ModelAdmin):
+    form = ChannelForm
+    list_display = [
+        "name",
+        "slug",
+        "broker",
+        "address_display",
+        "owner_team",
+        "semantic",
+        "error_count",
+        "warning_count",
+        "enabled",
+    ]
+    list_filter = ["broker", "owner_team", "semantic", "enabled"]
+    search_fields = ["name", "slug", "address", "owner_team"]
+    prepopulated_fields = {"slug": ["name"]}
+    readonly_fields = ["declaration_findings"]
+    fieldsets = [
+        ("Findings", {"fields": ["declaration_findings"]}),
+        (
+            "Channel",
+            {
+                "fields": [
+                    "broker",
+                    "name",
+                    "slug",
+                    "address",
+                    "address_group",
+                    "owner_team",
+                    "runbook_url",
+                    "description",
+                    "enabled",
+                ]
+            },
+        ),
+        (
+            "Delivery semantic (P4) and idempotency (P3)",
+            {
+                "fields": [
+                    "semantic",
+                    "idempotency_source",
+                    "idempotency_key",
+                    "dedup_scope",
+                    "dedup_ttl_s",
+                    "dedup_store_shared",
+                    "shared_subscription",
+                    "consumer_idempotent",
+                    "mark_in_transaction",
+                ]
+            },
+        ),
+        (
+            "Ordering and partitioning (P2, P7)",
+            {
+                "fields": [
+                    "ordering",
+                    "ordering_key",
+                    "ordering_rationale",
+                    "single_active_consumer",
+                ]
+            },
+        ),
+        (
+            "Retry budget and backoff (P5, P6)",
+            {
+                "fields": [
+                    "retry_max_attempts",
+                    "retry_ttl_s",
+                    "backoff_base_s",
+                    "backoff_factor",
+                    "backoff_cap_s",
+                    "backoff_jitter",
+                    "max_in_flight",
+                ]
+            },
+        ),
+        (
+            "Dead letters (P5)",
+            {"fields": ["dlq_strategies", "dlq_address", "poison_address", "dlq_records_reason"]},
+        ),
+        (
+            "Retention and schema (P1, P8, P9)",
+            {"fields": ["retention_s", "schema_name", "schema_version"]},
+        ),
+        (
+            "Alert thresholds (P10)",
+            {
+                "fields": [
+                    "alert_dlq_depth",
+                    "alert_lag_messages",
+                    "alert_lag_seconds",
+                    "alert_oldest_age_s",
+                    "alert_min_consumers",
+                ]
+            },
+        ),
+        ("Redaction", {"fields": ["redact_json_paths", "redact_headers"]}),
+    ]
+
+    @admin.display(description="Declaration checks")
+    def declaration_findings(self, obj: Channel | None) -> SafeString:
+        if obj is None or obj.pk is None:
+            return format_html("{}", "Saved declarations are checked against P1–P10.")
+        return render_findings(obj.findings)
+
+    def save_model(self, request: HttpRequest, obj: Channel, form: Any, change: bool) -> None:
+        before = Channel.objects.get(pk=obj.pk).audit_snapshot() if change else None
+        do_save_channel(obj, actor=Actor.from_request(request), before=before)
+        errors = [f for f in obj.findings if f["severity"] == "error"]
+        if errors:
+            messages.warning(
+                request,
+                f"Saved with {len(errors)} declaration error(s): "
+                + "; ".join(f"{f['principle']} {f['message']}" for f in errors[:3]),
+            )
+
+    def delete_model(self, request: HttpRequest, obj: Channel) -> None:
+        do_delete_channel(obj, actor=Actor.from_request(request))
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[Channel]) -> None:
+        for channel in queryset:
+            do_delete_channel(channel, actor=Actor.from_request(request))
+
+    def render_change_form(
+        self, request: HttpRequest, context: dict[str, Any], *args: Any, **kwargs: Any
+    ) -> Any:
+        obj = kwargs.get("obj")
+        if obj is not None and not obj.findings:
+            refresh_findings(obj)
+        return super().render_change_form(request, context, *args, **kwargs)

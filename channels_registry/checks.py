@@ -1,0 +1,377 @@
+"""The declaration checks: DOMAIN.md's list of violations, judged from a channel declaration.
+
+Each check returns ``Finding``s with a severity, the principle it enforces, a one-line
+explanation and the fix. ``check_channel`` runs them all; it reads only the declaration (what
+the broker really has configured is compared elsewhere, from observed topology).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from channels_registry.models import (
+    BrokerKind,
+    Channel,
+    DedupScope,
+    DlqStrategy,
+    Ordering,
+    Semantic,
+)
+
+ERROR = "error"
+WARNING = "warning"
+
+
+@dataclasses.dataclass(frozen=True)
+class Finding:
+    code: str
+    severity: str
+    principle: str
+    message: str
+    fix: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+Check = Callable[[Channel], Iterator[Finding]]
+CHECKS: list[Check] = []
+
+
+def check(func: Check) -> Check:
+    CHECKS.append(func)
+    return func
+
+
+def _needs_delivery(channel: Channel) -> bool:
+    """At-least-once and exactly-once channels promise no loss, so they need the full kit."""
+    return channel.semantic in (Semantic.AT_LEAST_ONCE, Semantic.EXACTLY_ONCE)
+
+
+def _has_key(channel: Channel) -> bool:
+    return bool(channel.idempotency_source)
+
+
+@check
+def semantic_stated(channel: Channel) -> Iterator[Finding]:
+    if not channel.semantic:
+        yield Finding(
+            "semantic-unstated",
+            ERROR,
+            "P4",
+            "The delivery semantic is not stated.",
+            "Declare at-most-once, at-least-once or exactly-once-via-idempotency.",
+        )
+
+
+@check
+def idempotency_key_declared(channel: Channel) -> Iterator[Finding]:
+    if _needs_delivery(channel) and not _has_key(channel):
+        yield Finding(
+            "no-idempotency-key",
+            ERROR,
+            "P3",
+            f"{channel.get_semantic_display()} delivery without an idempotency key: "
+            "redeliveries and replays will be processed twice.",
+            "Declare where the idempotency key lives (header, JSON path or message id).",
+        )
+
+
+@check
+def dedup_store_bounded(channel: Channel) -> Iterator[Finding]:
+    if _has_key(channel) and not channel.consumer_idempotent and not channel.dedup_ttl_s:
+        yield Finding(
+            "dedup-unbounded",
+            ERROR,
+            "P6",
+            "The dedup store has no TTL or bound: it grows forever.",
+            "Set a dedup TTL longer than the broker's maximum redelivery window.",
+        )
+    if channel.dedup_ttl_s and channel.retry_ttl_s and channel.dedup_ttl_s <= channel.retry_ttl_s:
+        yield Finding(
+            "dedup-ttl-short",
+            WARNING,
+            "P6",
+            f"The dedup TTL ({channel.dedup_ttl_s}s) does not outlive the retry window "
+            f"({channel.retry_ttl_s}s): a late redelivery is processed again.",
+            "Make the dedup TTL longer than the retry TTL.",
+        )
+
+
+@check
+def dedup_key_per_message(channel: Channel) -> Iterator[Finding]:
+    if _has_key(channel) and channel.dedup_scope == DedupScope.PER_PRODUCER:
+        yield Finding(
+            "dedup-per-producer",
+            ERROR,
+            "P3",
+            "The dedup key is scoped per producer, so distinct messages collide and are dropped.",
+            "Use a per-message key: a UUID or (entity, operation, version).",
+        )
+
+
+@check
+def retry_budget_bounded(channel: Channel) -> Iterator[Finding]:
+    if channel.semantic == Semantic.AT_MOST_ONCE:
+        return
+    if not channel.retry_max_attempts and not channel.retry_ttl_s:
+        yield Finding(
+            "retry-unbounded",
+            ERROR,
+            "P5",
+            "The retry budget is unbounded: a failing message is retried forever.",
+            "Set a maximum number of attempts and/or a retry TTL, then dead-letter.",
+        )
+
+
+@check
+def retry_has_backoff(channel: Channel) -> Iterator[Finding]:
+    retries = (channel.retry_max_attempts or 0) > 1 or bool(channel.retry_ttl_s)
+    if not retries:
+        return
+    if not channel.backoff_base_s or (channel.backoff_factor or 0) <= 1:
+        yield Finding(
+            "retry-no-backoff",
+            ERROR,
+            "P6",
+            "Retries without exponential backoff hammer a failing downstream.",
+            "Declare a backoff base (s) and a factor > 1, with a cap.",
+        )
+        return
+    if not channel.backoff_cap_s:
+        yield Finding(
+            "backoff-uncapped",
+            WARNING,
+            "P6",
+            "Exponential backoff without a cap grows without bound.",
+            "Declare a backoff cap (e.g. 60 s).",
+        )
+    if not channel.backoff_jitter:
+        yield Finding(
+            "backoff-no-jitter",
+            WARNING,
+            "P6",
+            "Backoff without jitter makes failed consumers retry in lock-step.",
+            "Enable jitter.",
+        )
+
+
+@check
+def dlq_declared(channel: Channel) -> Iterator[Finding]:
+    if _needs_delivery(channel) and not channel.dlq_address:
+        yield Finding(
+            "no-dlq",
+            ERROR,
+            "P5",
+            "No dead-letter address: messages that exhaust their retries are lost or loop.",
+            "Declare a DLQ address and a dead-letter strategy.",
+        )
+    if channel.dlq_address and not channel.dlq_strategies:
+        yield Finding(
+            "no-dlq-strategy",
+            WARNING,
+            "P5",
+            "A DLQ is declared without a strategy saying how messages get there.",
+            "Pick one or more strategies (TTL with backoff + DLQ + alert is the default).",
+        )
+
+
+@check
+def dlq_has_depth_alert(channel: Channel) -> Iterator[Finding]:
+    if channel.dlq_address and channel.alert_dlq_depth is None:
+        yield Finding(
+            "dlq-no-alert",
+            ERROR,
+            "P10",
+            "The DLQ has no depth alert: dead letters pile up silently.",
+            "Set a DLQ depth alert threshold (0 alerts on the first dead letter).",
+        )
+    if DlqStrategy.DLQ_ALERT in (channel.dlq_strategies or []) and not channel.dlq_address:
+        yield Finding(
+            "dlq-alert-without-dlq",
+            ERROR,
+            "P5",
+            "The DLQ + alert strategy is declared but no DLQ address is.",
+            "Declare the DLQ address.",
+        )
+
+
+@check
+def poison_routed(channel: Channel) -> Iterator[Finding]:
+    strategies = channel.dlq_strategies or []
+    if DlqStrategy.POISON_QUEUE in strategies and not channel.poison_address:
+        yield Finding(
+            "poison-no-address",
+            ERROR,
+            "P5",
+            "The poison-queue strategy is declared but no poison address is.",
+            "Declare the poison address.",
+        )
+    elif _needs_delivery(channel) and not channel.poison_address:
+        yield Finding(
+            "poison-retried",
+            WARNING,
+            "P5",
+            "No poison queue: unparseable messages are retried until the budget runs out.",
+            "Declare a poison address and route parse/schema failures there at once.",
+        )
+    if (
+        strategies == [DlqStrategy.RETRY_COUNT]
+        and channel.alert_dlq_depth is None
+        and not channel.backoff_base_s
+    ):
+        yield Finding(
+            "retry-count-only",
+            ERROR,
+            "P6",
+            "Retry-count limit alone, with no backoff and no alert.",
+            "Add TTL-with-backoff and a DLQ alert.",
+        )
+
+
+@check
+def mark_is_safe(channel: Channel) -> Iterator[Finding]:
+    if _has_key(channel) and not channel.consumer_idempotent and not channel.mark_in_transaction:
+        yield Finding(
+            "mark-not-transactional",
+            WARNING,
+            "P3",
+            "Processing is not idempotent and the dedup mark commits separately: a crash "
+            "between them processes the message twice.",
+            "Commit the dedup mark in the same transaction as the processing, or make the "
+            "processing idempotent.",
+        )
+
+
+@check
+def dlq_metadata(channel: Channel) -> Iterator[Finding]:
+    if channel.dlq_address and not channel.dlq_records_reason:
+        yield Finding(
+            "dlq-no-metadata",
+            WARNING,
+            "P5",
+            "Dead letters carry no reason or audit metadata: triage is guesswork.",
+            "Record reason, kind, dead-lettered-at, redelivery count and the idempotency key.",
+        )
+
+
+@check
+def ordering_feasible(channel: Channel) -> Iterator[Finding]:
+    kind = channel.broker.kind if channel.broker_id else None
+    if not channel.ordering:
+        yield Finding(
+            "ordering-unstated",
+            WARNING,
+            "P2",
+            "Ordering is not stated, so consumers may assume an order that is not provided.",
+            "Declare none, per-key, FIFO group or global.",
+        )
+        return
+    if channel.ordering == Ordering.FIFO_GROUP and kind in (BrokerKind.RABBITMQ, BrokerKind.REDIS):
+        yield Finding(
+            "fifo-not-provided",
+            ERROR,
+            "P2",
+            f"FIFO groups are assumed, but a {BrokerKind(kind).label} channel does not provide "
+            "them.",
+            "Use per-key ordering with a single consumer per key, or a broker with groups.",
+        )
+    if channel.ordering == Ordering.GLOBAL and (
+        channel.shared_subscription or not channel.single_active_consumer
+    ):
+        yield Finding(
+            "global-order-competing",
+            ERROR,
+            "P2",
+            "Global order is assumed while several consumers compete for messages.",
+            "Enable a single active consumer, or relax the ordering to per-key.",
+        )
+    if channel.ordering in (Ordering.PER_KEY, Ordering.FIFO_GROUP) and not channel.ordering_key:
+        yield Finding(
+            "ordering-no-key",
+            ERROR,
+            "P7",
+            "Per-key ordering is declared without naming the key.",
+            "Name the ordering / partition key.",
+        )
+
+
+@check
+def partition_key_rationale(channel: Channel) -> Iterator[Finding]:
+    if channel.ordering_key and not channel.ordering_rationale.strip():
+        yield Finding(
+            "partition-no-rationale",
+            WARNING,
+            "P7",
+            "The partition key has no stated rationale.",
+            "Say why this key (hot keys, ordering scope, expected cardinality).",
+        )
+
+
+@check
+def shared_subscription_dedup(channel: Channel) -> Iterator[Finding]:
+    if channel.shared_subscription and _has_key(channel) and not channel.dedup_store_shared:
+        yield Finding(
+            "shared-sub-local-dedup",
+            ERROR,
+            "P3",
+            "Competing consumers each keep their own dedup store, so a redelivery to another "
+            "consumer is processed again.",
+            "Share the dedup store across consumers (e.g. Redis or the database).",
+        )
+
+
+@check
+def retention_declared(channel: Channel) -> Iterator[Finding]:
+    if not channel.retention_s:
+        yield Finding(
+            "no-retention",
+            WARNING,
+            "P8",
+            "No retention is declared: the broker is used as a pipe and replay has no window.",
+            "Declare a retention window.",
+        )
+
+
+@check
+def schema_versioned(channel: Channel) -> Iterator[Finding]:
+    if not channel.schema_name or not channel.schema_version:
+        yield Finding(
+            "no-schema-version",
+            WARNING,
+            "P1",
+            "No schema name and version: poison cannot be told apart and evolution is blind.",
+            "Declare the schema name and version.",
+        )
+
+
+@check
+def observable(channel: Channel) -> Iterator[Finding]:
+    if channel.alert_lag_messages is None and channel.alert_lag_seconds is None:
+        yield Finding(
+            "no-lag-alert",
+            WARNING,
+            "P10",
+            "No backlog or lag alert: silent backlog is a bug.",
+            "Set a backlog (messages) or lag (seconds) threshold.",
+        )
+
+
+@check
+def bounded_in_flight(channel: Channel) -> Iterator[Finding]:
+    if _needs_delivery(channel) and not channel.max_in_flight:
+        yield Finding(
+            "unbounded-in-flight",
+            WARNING,
+            "P6",
+            "Unacknowledged messages per consumer are not bounded.",
+            "Declare the prefetch / max unacked bound.",
+        )
+
+
+def check_channel(channel: Channel) -> list[Finding]:
+    """Run every declaration check; errors first, then warnings, each in check order."""
+    findings = [finding for func in CHECKS for finding in func(channel)]
+    return sorted(findings, key=lambda f: f.severity != ERROR)

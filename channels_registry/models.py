@@ -1,0 +1,340 @@
+"""Broker and Channel declarations: what each channel promises (its delivery contract)."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+from django.core.exceptions import ValidationError
+from django.core.validators import MinValueValidator
+from django.db import models
+from django.urls import reverse
+
+
+class BrokerKind(models.TextChoices):
+    RABBITMQ = "rabbitmq", "RabbitMQ"
+    REDIS = "redis", "Redis Streams"
+    NATS = "nats", "NATS JetStream"
+
+
+URL_SCHEMES = {
+    BrokerKind.RABBITMQ: ("amqp", "amqps"),
+    BrokerKind.REDIS: ("redis", "rediss", "unix"),
+    BrokerKind.NATS: ("nats", "tls"),
+}
+
+
+class BrokerConfigError(Exception):
+    """A broker declaration that cannot be turned into a connection (shown to the user)."""
+
+
+def redact_url(url: str) -> str:
+    """The URL with any password replaced, for display."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.rsplit("@", 1)
+    user = (parts.username or "") + ":***"
+    return urlunsplit(parts._replace(netloc=f"{user}@{netloc[-1]}"))
+
+
+class HttpsURLField(models.URLField):
+    """A URL field whose form assumes https:// for scheme-less input."""
+
+    def formfield(self, **kwargs: Any) -> Any:
+        return super().formfield(**{"assume_scheme": "https", **kwargs})
+
+
+class Broker(models.Model):
+    """A broker the dashboard polls. Its connection URL is given by reference to an environment
+    variable (``url_env``) or stored as a secret (``url_secret``) that is never rendered back."""
+
+    name = models.CharField(max_length=100, unique=True)
+    kind = models.CharField(max_length=16, choices=BrokerKind.choices)
+    url_env = models.CharField(
+        "URL environment variable",
+        max_length=100,
+        blank=True,
+        help_text="Name of the environment variable holding the connection URL, e.g. "
+        "RABBITMQ_URL. Preferred over a stored secret.",
+    )
+    url_secret = models.CharField(
+        "stored connection URL",
+        max_length=500,
+        blank=True,
+        help_text="Used only when no environment variable is named. Write-only: never shown.",
+    )
+    management_url = models.CharField(
+        "management / metrics URL",
+        max_length=300,
+        blank=True,
+        help_text="RabbitMQ only: the management API (http://host:15672) or the Prometheus "
+        "endpoint (http://host:15692/metrics). Credentials are taken from the connection URL.",
+    )
+    enabled = models.BooleanField(default=True)
+    poll_interval_s = models.PositiveIntegerField(
+        "poll interval (seconds)", default=15, validators=[MinValueValidator(5)]
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+    def clean(self) -> None:
+        errors: dict[str, str] = {}
+        if not self.url_env and not self.url_secret:
+            errors["url_env"] = "Name an environment variable holding the URL, or store one."
+        if self.url_env and not self.url_env.replace("_", "").isalnum():
+            errors["url_env"] = "Use letters, digits and underscores only, e.g. RABBITMQ_URL."
+        if self.url_secret:
+            scheme = urlsplit(self.url_secret).scheme
+            allowed = URL_SCHEMES.get(BrokerKind(self.kind), ()) if self.kind else ()
+            if allowed and scheme not in allowed:
+                errors["url_secret"] = (
+                    f"A {self.get_kind_display()} URL starts with "
+                    + " or ".join(f"{s}://" for s in allowed)
+                    + "."
+                )
+        if self.management_url:
+            if self.kind != BrokerKind.RABBITMQ:
+                errors["management_url"] = "Only RabbitMQ brokers use a management URL."
+            elif urlsplit(self.management_url).scheme not in ("http", "https"):
+                errors["management_url"] = "Give an http:// or https:// URL."
+            elif urlsplit(self.management_url).password:
+                errors["management_url"] = (
+                    "Leave credentials out: they are taken from the connection URL."
+                )
+        if errors:
+            raise ValidationError(errors)
+
+    def connection_url(self) -> str:
+        """The URL to connect with. Raises ``BrokerConfigError`` if it cannot be resolved."""
+        if self.url_env:
+            value = os.environ.get(self.url_env, "")
+            if not value:
+                raise BrokerConfigError(
+                    f"Environment variable {self.url_env} is not set on this server."
+                )
+            return value
+        if self.url_secret:
+            return self.url_secret
+        raise BrokerConfigError("No connection URL is configured.")
+
+    @property
+    def url_source(self) -> str:
+        """Where the URL comes from, safe to display."""
+        if self.url_env:
+            return f"${self.url_env}"
+        return "stored secret" if self.url_secret else "not configured"
+
+    def audit_snapshot(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "kind": self.kind,
+            "url_env": self.url_env,
+            "url_secret": "(set)" if self.url_secret else "",
+            "management_url": self.management_url,
+            "enabled": self.enabled,
+            "poll_interval_s": self.poll_interval_s,
+        }
+
+
+class Semantic(models.TextChoices):
+    UNSTATED = "", "— not stated —"
+    AT_MOST_ONCE = "at-most-once", "At-most-once"
+    AT_LEAST_ONCE = "at-least-once", "At-least-once"
+    EXACTLY_ONCE = "exactly-once-via-idempotency", "Exactly-once via idempotency"
+
+
+class Ordering(models.TextChoices):
+    UNSTATED = "", "— not stated —"
+    NONE = "none", "None"
+    PER_KEY = "per-key", "Per key"
+    FIFO_GROUP = "fifo-group", "FIFO group"
+    GLOBAL = "global", "Global"
+
+
+class IdempotencySource(models.TextChoices):
+    NONE = "", "— none —"
+    HEADER = "header", "Header"
+    JSON_PATH = "json-path", "JSON path in the body"
+    PROPERTY = "message-id", "Message id property"
+
+
+class DedupScope(models.TextChoices):
+    PER_MESSAGE = "per-message", "Per message"
+    PER_PRODUCER = "per-producer", "Per producer"
+
+
+class DlqStrategy(models.TextChoices):
+    RETRY_COUNT = "retry-count-limit", "Retry-count limit"
+    TTL_BACKOFF = "ttl-with-backoff", "TTL with backoff"
+    POISON_QUEUE = "poison-queue", "Poison queue"
+    DLQ_ALERT = "dlq-alert", "DLQ + alert"
+
+
+class Channel(models.Model):
+    """One channel (a queue; a stream + group; a stream + consumer) and its declared contract.
+
+    ``findings`` caches the declaration checks of the last save (see ``checks.py``) so lists
+    stay fast; it is recomputed by every save action.
+    """
+
+    broker = models.ForeignKey(Broker, on_delete=models.PROTECT, related_name="channels")
+    name = models.CharField(max_length=200)
+    slug = models.SlugField(max_length=100, unique=True)
+    address = models.CharField(
+        max_length=255, help_text="RabbitMQ queue, Redis stream key, or NATS stream."
+    )
+    address_group = models.CharField(
+        "consumer group / consumer",
+        max_length=255,
+        blank=True,
+        help_text="Redis consumer group or NATS durable consumer. Empty for RabbitMQ.",
+    )
+    owner_team = models.CharField(max_length=100, blank=True, db_index=True)
+    runbook_url = HttpsURLField(blank=True)
+    description = models.TextField(blank=True)
+
+    # P4: delivery semantic.
+    semantic = models.CharField(max_length=32, choices=Semantic.choices, blank=True)
+    # P2/P7: ordering and partitioning.
+    ordering = models.CharField(max_length=16, choices=Ordering.choices, blank=True)
+    ordering_key = models.CharField("ordering / partition key", max_length=200, blank=True)
+    ordering_rationale = models.TextField("why this key", blank=True)
+    single_active_consumer = models.BooleanField(
+        default=False, help_text="Only one consumer receives at a time (needed for global order)."
+    )
+    # P3: idempotency.
+    idempotency_source = models.CharField(
+        "idempotency key location", max_length=16, choices=IdempotencySource.choices, blank=True
+    )
+    idempotency_key = models.CharField(
+        "idempotency header name or JSON path",
+        max_length=200,
+        blank=True,
+        help_text="e.g. Idempotency-Key, or $.order.id",
+    )
+    dedup_scope = models.CharField(
+        max_length=16, choices=DedupScope.choices, default=DedupScope.PER_MESSAGE
+    )
+    dedup_ttl_s = models.PositiveIntegerField("dedup store TTL (s)", null=True, blank=True)
+    dedup_store_shared = models.BooleanField("dedup store shared by all consumers", default=True)
+    shared_subscription = models.BooleanField(
+        "shared subscription (competing consumers)", default=False
+    )
+    consumer_idempotent = models.BooleanField("processing is idempotent by itself", default=False)
+    mark_in_transaction = models.BooleanField(
+        "dedup mark commits with the processing", default=False
+    )
+    # P5/P6: retry budget and backoff.
+    retry_max_attempts = models.PositiveIntegerField(null=True, blank=True)
+    retry_ttl_s = models.PositiveIntegerField("retry TTL (s)", null=True, blank=True)
+    backoff_base_s = models.FloatField("backoff base (s)", null=True, blank=True)
+    backoff_factor = models.FloatField(null=True, blank=True)
+    backoff_cap_s = models.FloatField("backoff cap (s)", null=True, blank=True)
+    backoff_jitter = models.BooleanField(default=False)
+    max_in_flight = models.PositiveIntegerField("max unacked / prefetch", null=True, blank=True)
+    # P5: dead-letter handling.
+    dlq_strategies = models.JSONField("DLQ strategy", default=list, blank=True)
+    dlq_address = models.CharField("DLQ address", max_length=255, blank=True)
+    poison_address = models.CharField(max_length=255, blank=True)
+    dlq_records_reason = models.BooleanField("dead letters carry reason metadata", default=True)
+    # P8: retention. P1/P9: schema.
+    retention_s = models.PositiveIntegerField("retention (s)", null=True, blank=True)
+    schema_name = models.CharField(max_length=200, blank=True)
+    schema_version = models.CharField(max_length=50, blank=True)
+    # P10: alert thresholds.
+    alert_dlq_depth = models.PositiveIntegerField("alert: DLQ depth", null=True, blank=True)
+    alert_lag_messages = models.PositiveIntegerField(
+        "alert: backlog (messages)", null=True, blank=True
+    )
+    alert_lag_seconds = models.PositiveIntegerField("alert: lag (seconds)", null=True, blank=True)
+    alert_oldest_age_s = models.PositiveIntegerField(
+        "alert: oldest message age (s)", null=True, blank=True
+    )
+    alert_min_consumers = models.PositiveIntegerField(
+        "alert: minimum consumers", null=True, blank=True
+    )
+    # Redaction for viewers without the reveal permission.
+    redact_json_paths = models.JSONField("redact JSON paths", default=list, blank=True)
+    redact_headers = models.JSONField("redact headers", default=list, blank=True)
+
+    enabled = models.BooleanField(default=True)
+    findings = models.JSONField(default=list, blank=True, editable=False)
+    error_count = models.PositiveIntegerField(default=0, editable=False)
+    warning_count = models.PositiveIntegerField(default=0, editable=False)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["slug"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["broker", "address", "address_group"], name="channel_unique_address"
+            )
+        ]
+        permissions = [("reveal_channel_payload", "Can reveal redacted payload fields")]
+
+    def __str__(self) -> str:
+        return self.name
+
+    def get_absolute_url(self) -> str:
+        return reverse("channel_detail", args=[self.slug])
+
+    @property
+    def address_display(self) -> str:
+        return f"{self.address} / {self.address_group}" if self.address_group else self.address
+
+    @property
+    def has_dlq(self) -> bool:
+        return bool(self.dlq_address)
+
+    def clean(self) -> None:
+        errors: dict[str, str] = {}
+        kind = self.broker.kind if self.broker_id else None
+        if kind in (BrokerKind.REDIS, BrokerKind.NATS) and not self.address_group:
+            noun = "consumer group" if kind == BrokerKind.REDIS else "durable consumer"
+            errors["address_group"] = f"A {BrokerKind(kind).label} channel needs its {noun}."
+        if kind == BrokerKind.RABBITMQ and self.address_group:
+            errors["address_group"] = "RabbitMQ channels are a queue only; leave this empty."
+        if self.idempotency_source in (IdempotencySource.HEADER, IdempotencySource.JSON_PATH):
+            if not self.idempotency_key:
+                errors["idempotency_key"] = "Name the header or JSON path holding the key."
+            elif self.idempotency_source == IdempotencySource.JSON_PATH and not (
+                self.idempotency_key.startswith("$.")
+            ):
+                errors["idempotency_key"] = "A JSON path starts with $. (e.g. $.order.id)."
+        unknown = [s for s in self.dlq_strategies or [] if s not in DlqStrategy.values]
+        if unknown:
+            errors["dlq_strategies"] = f"Unknown strategy: {', '.join(map(str, unknown))}."
+        if self.backoff_factor is not None and self.backoff_factor < 1:
+            errors["backoff_factor"] = "A backoff factor below 1 shrinks the delay; use ≥ 1."
+        if (
+            self.backoff_cap_s is not None
+            and self.backoff_base_s is not None
+            and self.backoff_cap_s < self.backoff_base_s
+        ):
+            errors["backoff_cap_s"] = "The cap must be at least the base delay."
+        for name in ("dlq_address", "poison_address"):
+            if getattr(self, name) and getattr(self, name) == self.address:
+                errors[name] = "Must differ from the channel's own address."
+        for name in ("redact_json_paths", "redact_headers"):
+            value = getattr(self, name)
+            if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+                errors[name] = "Give a list of strings."
+        if errors:
+            raise ValidationError(errors)
+
+    def audit_snapshot(self) -> dict[str, Any]:
+        data: dict[str, Any] = {}
+        for field in self._meta.concrete_fields:
+            if field.name in {"id", "findings", "created_at", "updated_at"}:
+                continue
+            data[field.attname] = getattr(self, field.attname)
+        return data

@@ -1,0 +1,41 @@
+"""``firstrun``: on a database without users, create the first admin with a one-time password."""
+
+from __future__ import annotations
+
+import secrets
+from typing import Any
+
+from django.contrib.auth import get_user_model
+from django.core.management.base import BaseCommand, CommandParser
+from django.db import transaction
+
+from audit.actions import Actor, record
+
+
+class Command(BaseCommand):
+    help = "Create the first admin user with a random password if no user exists yet."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--username", default="admin")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        user_model = get_user_model()
+        if user_model.objects.exists():
+            self.stdout.write("Users exist already: sign in at http://127.0.0.1:8000/login/")
+            return
+        password = secrets.token_urlsafe(12)
+        with transaction.atomic():
+            user = user_model.objects.create_superuser(options["username"], "", password)
+            record(
+                "auth.user.create",
+                actor=Actor.system("firstrun"),
+                target=user,
+                after={"username": user.get_username(), "is_superuser": True},
+            )
+        bar = "=" * 64
+        self.stdout.write(
+            f"{bar}\n First run: created the admin user.\n"
+            f"   URL:      http://127.0.0.1:8000/login/\n"
+            f"   Username: {user.get_username()}\n"
+            f"   Password: {password}   (shown once: change it in the admin)\n{bar}"
+        )

@@ -1,0 +1,19 @@
+"""Periodic jobs, shared by Celery beat and the in-process scheduler of ``make run``.
+
+Each entry: name → (dotted path of a Celery task taking no arguments, interval in seconds).
+Apps add their jobs here so that both schedulers run exactly the same work.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+PERIODIC_JOBS: dict[str, tuple[str, float]] = {
+    "verify-audit-chain": ("audit.tasks.verify_audit_chain_task", 3600.0),
+}
+
+
+def beat_schedule() -> dict[str, dict[str, Any]]:
+    return {
+        name: {"task": task, "schedule": every} for name, (task, every) in PERIODIC_JOBS.items()
+    }

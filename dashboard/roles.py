@@ -1,0 +1,62 @@
+"""The four roles (Django groups) and their permissions, as DESIGN.md lists them.
+
+Each role includes the one above it. Apps that add permissions append them here and ship a data
+migration calling ``sync_roles``; permissions that do not exist yet are skipped.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+VIEWER = "viewer"
+ONCALL = "oncall"
+COMPLIANCE = "compliance"
+REGISTRY_ADMIN = "registry_admin"
+
+_VIEW = [
+    "channels_registry.view_broker",
+    "channels_registry.view_channel",
+]
+ROLE_PERMISSIONS: dict[str, list[str]] = {
+    VIEWER: _VIEW,
+    ONCALL: [*_VIEW],
+    COMPLIANCE: [
+        *_VIEW,
+        "audit.view_auditevent",
+        "audit.export_auditevent",
+        "audit.verify_auditevent",
+        "channels_registry.reveal_channel_payload",
+    ],
+    REGISTRY_ADMIN: [
+        *_VIEW,
+        "channels_registry.add_broker",
+        "channels_registry.change_broker",
+        "channels_registry.delete_broker",
+        "channels_registry.add_channel",
+        "channels_registry.change_channel",
+        "channels_registry.delete_channel",
+    ],
+}
+
+
+def sync_roles(apps: Any, schema_editor: Any = None) -> None:
+    """Create the groups and give each exactly its permissions (usable from migrations)."""
+    from django.contrib.auth.management import create_permissions
+
+    for app_config in apps.get_app_configs():
+        app_config.models_module = True
+        create_permissions(app_config, apps=apps, verbosity=0)
+        app_config.models_module = None
+    group_model = apps.get_model("auth", "Group")
+    permission_model = apps.get_model("auth", "Permission")
+    for role, perms in ROLE_PERMISSIONS.items():
+        group, _ = group_model.objects.get_or_create(name=role)
+        wanted = []
+        for dotted in perms:
+            app_label, codename = dotted.split(".", 1)
+            found = permission_model.objects.filter(
+                content_type__app_label=app_label, codename=codename
+            ).first()
+            if found is not None:
+                wanted.append(found)
+        group.permissions.set(wanted)

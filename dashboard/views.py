@@ -1,0 +1,36 @@
+"""Project-level views: sign-in, health check."""
+
+from __future__ import annotations
+
+from django.contrib.auth import views as auth_views
+from django.contrib.auth.decorators import login_not_required
+from django.db import connection
+from django.http import HttpRequest, JsonResponse
+from django.views.decorators.cache import never_cache
+from django.views.decorators.http import require_GET
+
+from dashboard.auth import RateLimitedAuthenticationForm
+
+login_view = login_not_required(
+    auth_views.LoginView.as_view(
+        authentication_form=RateLimitedAuthenticationForm, redirect_authenticated_user=True
+    )
+)
+
+
+@require_GET
+@never_cache
+@login_not_required
+def healthz(request: HttpRequest) -> JsonResponse:
+    """200 with the database reachable, 503 otherwise. Says nothing secret."""
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT 1")
+            cursor.fetchone()
+        database = "ok"
+    except Exception as exc:  # any database failure is reported, not raised
+        database = f"error: {type(exc).__name__}"
+    status = 200 if database == "ok" else 503
+    return JsonResponse(
+        {"status": "ok" if status == 200 else "degraded", "database": database}, status=status
+    )
