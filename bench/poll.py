@@ -1,0 +1,174 @@
+"""Poll-cycle benchmark (hand-run, not a test): ``.venv/bin/python -m bench.poll``.
+
+For each broker: create 1,000 channels (RabbitMQ queues; Redis streams with a consumer group;
+NATS JetStream streams with a durable consumer), poll them ``CYCLES`` times with the adapter
+through ``brokers.get_adapter`` only, and print the cycle duration (median, max) and the
+adapter's ``round_trips`` at 10, 100 and 1,000 channels. Everything created is deleted again.
+A broker whose adapter does not import yet or whose service is down is skipped, with a reason.
+Loopback only; every loop is bounded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import statistics
+import uuid
+from collections.abc import Callable, Sequence
+
+from brokers import get_adapter
+from brokers.base import Address, BrokerAdapter, BrokerError
+
+CHANNELS = int(os.environ.get("BENCH_CHANNELS", "1000"))
+SIZES = [n for n in (10, 100, CHANNELS) if n <= CHANNELS]
+CYCLES = int(os.environ.get("BENCH_CYCLES", "7"))
+RABBIT_URL = "amqp://guest:guest@127.0.0.1:5672/%2F"
+REDIS_URL = "redis://127.0.0.1:6379/0"
+NATS_URL = "nats://127.0.0.1:4222"
+
+
+def measure(label: str, adapter: BrokerAdapter, addresses: Sequence[Address]) -> None:
+    for size in SIZES:
+        subset = addresses[:size]
+        durations: list[float] = []
+        trips: set[int] = set()
+        missing = 0
+        for _ in range(CYCLES):
+            result = adapter.poll(subset)
+            durations.append(result.duration_s)
+            trips.add(result.round_trips)
+            missing = sum(1 for s in result.stats.values() if not s.exists)
+        median_ms = statistics.median(durations) * 1000
+        print(
+            f"  {label:<22} channels={size:>5}  median={median_ms:8.1f} ms"
+            f"  max={max(durations) * 1000:8.1f} ms  round_trips={sorted(trips)}"
+            + (f"  MISSING={missing}" if missing else "")
+        )
+
+
+def bench_rabbitmq() -> None:
+    import pika
+
+    try:
+        connection = pika.BlockingConnection(pika.URLParameters(RABBIT_URL))
+    except Exception as exc:
+        print(f"rabbitmq: skipped, broker down ({exc!r})")
+        return
+    run = uuid.uuid4().hex[:8]
+    names = [f"bench-poll-{run}-{i:04d}" for i in range(CHANNELS)]
+    channel = connection.channel()
+    try:
+        for name in names:
+            channel.queue_declare(name, durable=False, arguments={"x-queue-type": "classic"})
+        for name in names[:: max(1, CHANNELS // 100)]:
+            channel.basic_publish("", name, b"x")
+        print(f"rabbitmq: {CHANNELS} queues")
+        addresses = [Address(n) for n in names]
+        paths = {
+            "prometheus detailed": "http://127.0.0.1:15692/metrics",
+            "management API": "http://guest:guest@127.0.0.1:15672",
+            "AMQP passive declare": None,
+        }
+        for label, management_url in paths.items():
+            adapter = get_adapter("rabbitmq", RABBIT_URL, management_url=management_url)
+            try:
+                measure(label, adapter, addresses)
+            except BrokerError as exc:
+                print(f"  {label}: failed: {exc}")
+    finally:
+        for name in names:
+            channel.queue_delete(name)
+        connection.close()
+
+
+def bench_redis() -> None:
+    try:
+        import redis
+
+        client = redis.Redis.from_url(REDIS_URL, socket_timeout=5)
+        client.ping()
+    except Exception as exc:
+        print(f"redis: skipped, service down ({exc!r})")
+        return
+    try:
+        adapter = get_adapter("redis", REDIS_URL)
+    except Exception as exc:
+        print(f"redis: skipped, adapter not importable yet ({exc!r})")
+        return
+    run = uuid.uuid4().hex[:8]
+    keys = [f"bench-poll-{run}-{i:04d}" for i in range(CHANNELS)]
+    try:
+        pipe = client.pipeline(transaction=False)
+        for key in keys:
+            pipe.xgroup_create(key, "bench", id="0", mkstream=True)
+            pipe.xadd(key, {"n": "1"})
+        pipe.execute()
+        print(f"redis: {CHANNELS} streams with a consumer group")
+        _run(measure, "redis streams", adapter, [Address(k, "bench") for k in keys])
+    finally:
+        for start in range(0, len(keys), 500):
+            client.delete(*keys[start : start + 500])
+        client.close()
+
+
+def bench_nats() -> None:
+    try:
+        import nats
+    except Exception as exc:
+        print(f"nats: skipped ({exc!r})")
+        return
+    try:
+        adapter = get_adapter("nats", NATS_URL)
+    except Exception as exc:
+        print(f"nats: skipped, adapter not importable yet ({exc!r})")
+        return
+    run = uuid.uuid4().hex[:8]
+    streams = [f"BENCH_{run}_{i:04d}" for i in range(CHANNELS)]
+
+    async def setup() -> None:
+        nc = await nats.connect(NATS_URL, connect_timeout=5, max_reconnect_attempts=0)
+        js = nc.jetstream()
+        for name in streams:
+            await js.add_stream(name=name, subjects=[f"bench.{run}.{name}"])
+            await js.add_consumer(name, durable_name="bench", ack_policy="explicit")
+        await nc.close()
+
+    async def teardown() -> None:
+        nc = await nats.connect(NATS_URL, connect_timeout=5, max_reconnect_attempts=0)
+        js = nc.jetstream()
+        for name in streams:
+            try:
+                await js.delete_stream(name)
+            except Exception as exc:
+                print(f"  nats cleanup of {name} failed: {exc!r}")
+        await nc.close()
+
+    try:
+        asyncio.run(setup())
+    except Exception as exc:
+        print(f"nats: skipped, service down or JetStream off ({exc!r})")
+        asyncio.run(teardown())
+        return
+    try:
+        print(f"nats: {CHANNELS} JetStream streams with a durable consumer")
+        _run(measure, "nats jetstream", adapter, [Address(s, "bench") for s in streams])
+    finally:
+        asyncio.run(teardown())
+
+
+def _run(fn: Callable[..., None], label: str, *args: object) -> None:
+    try:
+        fn(label, *args)
+    except BrokerError as exc:
+        print(f"  {label}: failed: {exc}")
+
+
+def main() -> None:
+    print(f"poll benchmark: {CYCLES} cycles per size, sizes {SIZES}")
+    bench_rabbitmq()
+    bench_redis()
+    bench_nats()
+
+
+if __name__ == "__main__":
+    main()

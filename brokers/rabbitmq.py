@@ -1,0 +1,910 @@
+"""RabbitMQ adapter: AMQP 0-9-1 through pika, statistics through Prometheus or the management API.
+
+Poll paths, cheapest first (chosen from ``management_url``):
+
+1. Prometheus ``/metrics/detailed`` (``management_url`` ends in ``/metrics`` or uses port 15692):
+   one request per node. Several nodes are given as a comma-separated list of node URLs; each
+   node reports only the queues whose leader/master it hosts, so the answers are merged.
+2. Management API ``/api/queues/<vhost>``: paged (500 a page, at most ``max_pages``), with
+   ``columns=`` so the broker serialises only what we read.
+3. No ``management_url``: one AMQP connection and a passive ``queue.declare`` per queue.
+
+Dead letters are drained with ``basic.consume`` and manual acks; replays are published with
+publisher confirms and ``mandatory`` on an asyncio-driven pika connection so that a batch is
+pipelined (a window of outstanding confirms) instead of waiting one round trip per message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import datetime as dt
+import hashlib
+import json
+import time
+import urllib.parse
+from collections.abc import Sequence
+from typing import Any
+
+import httpx
+import pika
+import pika.exceptions
+from pika.adapters.asyncio_connection import AsyncioConnection
+from pika.adapters.blocking_connection import BlockingChannel
+from pika.channel import Channel
+from pika.spec import Basic, BasicProperties
+from prometheus_client.parser import text_string_to_metric_families
+
+from brokers.base import (
+    Address,
+    BrokerAdapter,
+    BrokerError,
+    ChannelStats,
+    DeadLetter,
+    DrainSession,
+    OutgoingMessage,
+    PollResult,
+    Publisher,
+    PublishOutcome,
+    Topology,
+    json_safe_headers,
+)
+
+PAGE_SIZE = 500  # the management API's maximum page size
+PUBLISH_WINDOW = 2_000  # outstanding (unconfirmed) publishes per publisher
+
+_POLL_COLUMNS = (
+    "name,type,messages,messages_ready,messages_unacknowledged,consumers,"
+    "consumer_utilisation,arguments,message_stats.publish,message_stats.deliver_get,"
+    "message_stats.ack,message_stats.redeliver"
+)
+_INSPECT_COLUMNS = "name,type,arguments,policy,operator_policy,effective_policy_definition"
+_PROM_FAMILIES = ("queue_coarse_metrics", "queue_consumer_count")
+_PROPERTY_NAMES = (
+    "message_id",
+    "correlation_id",
+    "timestamp",
+    "content_type",
+    "content_encoding",
+    "type",
+    "app_id",
+    "delivery_mode",
+    "priority",
+    "expiration",
+    "user_id",
+    "reply_to",
+)
+
+
+class RabbitMQAdapter(BrokerAdapter):
+    """RabbitMQ queues. ``url`` is an AMQP URL whose path is the vhost."""
+
+    kind = "rabbitmq"
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        management_url: str | None = None,
+        timeout: float = 5.0,
+        max_pages: int = 100,
+    ) -> None:
+        super().__init__(url, management_url=management_url, timeout=timeout, max_pages=max_pages)
+        parts = urllib.parse.urlsplit(url)
+        if parts.scheme not in ("amqp", "amqps") or not parts.hostname:
+            raise BrokerError(f"not an AMQP URL: {_redact(url)}", permanent=True)
+        self.vhost = urllib.parse.unquote(parts.path[1:]) if len(parts.path) > 1 else "/"
+        self._amqp_user = urllib.parse.unquote(parts.username or "guest")
+        self._amqp_password = urllib.parse.unquote(parts.password or "guest")
+        self._prometheus_urls: list[str] = []
+        self._api_base: str | None = None
+        self._http_auth: tuple[str, str] = (self._amqp_user, self._amqp_password)
+        if self.management_url:
+            self._configure_http(self.management_url)
+
+    # -- configuration -------------------------------------------------------------------
+
+    def _configure_http(self, management_url: str) -> None:
+        urls = [u.strip() for u in management_url.split(",") if u.strip()]
+        first = urllib.parse.urlsplit(urls[0])
+        if first.username:
+            self._http_auth = (
+                urllib.parse.unquote(first.username),
+                urllib.parse.unquote(first.password or ""),
+            )
+        if any(_is_prometheus(u) for u in urls):
+            for u in urls:
+                p = urllib.parse.urlsplit(u)
+                path = p.path.rstrip("/")
+                if not path.endswith("/metrics/detailed"):
+                    path = path[: -len("/metrics")] if path.endswith("/metrics") else path
+                    path += "/metrics/detailed"
+                self._prometheus_urls.append(f"{p.scheme}://{_hostport(p)}{path}")
+        else:
+            path = first.path.rstrip("/")
+            if path.endswith("/api"):
+                path = path[: -len("/api")]
+            self._api_base = f"{first.scheme}://{_hostport(first)}{path}/api"
+
+    def _connection_parameters(self) -> pika.URLParameters:
+        try:
+            params = pika.URLParameters(self.url)
+        except Exception as exc:  # pika raises assorted types for a bad URL
+            raise BrokerError(f"bad AMQP URL: {exc}", permanent=True) from exc
+        params.socket_timeout = self.timeout
+        params.stack_timeout = self.timeout
+        params.blocked_connection_timeout = self.timeout
+        params.connection_attempts = 1
+        params.client_properties = {"connection_name": "dead-letter-office"}
+        return params
+
+    def _connect(self) -> pika.BlockingConnection:
+        try:
+            return pika.BlockingConnection(self._connection_parameters())
+        except BrokerError:
+            raise
+        except Exception as exc:
+            raise _amqp_error(exc, "connect") from exc
+
+    def _http(self) -> httpx.Client:
+        return httpx.Client(timeout=self.timeout, auth=self._http_auth, trust_env=False)
+
+    # -- ping ----------------------------------------------------------------------------
+
+    def ping(self) -> None:
+        connection = self._connect()
+        with contextlib.suppress(Exception):
+            connection.close()
+
+    # -- poll ----------------------------------------------------------------------------
+
+    def poll(self, addresses: Sequence[Address]) -> PollResult:
+        started = time.monotonic()
+        if self._prometheus_urls:
+            stats, trips, errors = self._poll_prometheus(addresses)
+        elif self._api_base:
+            stats, trips, errors = self._poll_management(addresses)
+        else:
+            stats, trips, errors = self._poll_passive(addresses)
+        return PollResult(stats, trips, time.monotonic() - started, errors)
+
+    def _poll_prometheus(
+        self, addresses: Sequence[Address]
+    ) -> tuple[dict[Address, ChannelStats], int, list[str]]:
+        now = time.time()
+        samples: dict[str, dict[str, float]] = {}
+        errors: list[str] = []
+        trips = 0
+        params: list[tuple[str, str | int | float | bool | None]] = [
+            ("family", f) for f in _PROM_FAMILIES
+        ]
+        params.append(("vhost", self.vhost))
+        with self._http() as client:
+            for node_url in self._prometheus_urls:
+                trips += 1
+                try:
+                    text = _http_get(client, node_url, params).text
+                    _parse_prometheus(text, self.vhost, samples)
+                except BrokerError as exc:
+                    if len(self._prometheus_urls) == 1:
+                        raise
+                    errors.append(f"{_redact(node_url)}: {exc}")
+        if errors and len(errors) == len(self._prometheus_urls):
+            raise BrokerError("; ".join(errors))
+        stats: dict[Address, ChannelStats] = {}
+        for address in addresses:
+            m = samples.get(address.name)
+            if m is None:
+                # With a node unreachable an absent queue may live there: unknown, not missing.
+                stats[address] = ChannelStats(address, exists=bool(errors), observed_at=now)
+                continue
+            stats[address] = ChannelStats(
+                address,
+                backlog=_int(m.get("rabbitmq_detailed_queue_messages_ready")),
+                in_flight=_int(m.get("rabbitmq_detailed_queue_messages_unacked")),
+                retained=_int(m.get("rabbitmq_detailed_queue_messages")),
+                consumers=_int(m.get("rabbitmq_detailed_queue_consumers")),
+                oldest_message_age_s=_age(
+                    m.get("rabbitmq_detailed_queue_head_message_timestamp"), now
+                ),
+                observed_at=now,
+            )
+            # The detailed per-queue publish/deliver/ack counters exist only per channel in
+            # this plugin (channel_queue_metrics): their sum drops when a channel closes, so it
+            # is not a queue position. Positions stay None here (the management path has them).
+        return stats, trips, errors
+
+    def _list_queues(
+        self, client: httpx.Client, columns: str
+    ) -> tuple[dict[str, dict[str, Any]], int, list[str]]:
+        """Page through ``/api/queues/<vhost>``; returns queues by name, requests made, errors."""
+        assert self._api_base is not None
+        url = f"{self._api_base}/queues/{urllib.parse.quote(self.vhost, safe='')}"
+        queues: dict[str, dict[str, Any]] = {}
+        errors: list[str] = []
+        trips = 0
+        page = 1
+        while True:
+            trips += 1
+            params: list[tuple[str, str | int | float | bool | None]] = [
+                ("page", str(page)),
+                ("page_size", str(PAGE_SIZE)),
+                ("pagination", "true"),
+                ("sort", "name"),
+                ("columns", columns),
+            ]
+            data = _http_get(client, url, params).json()
+            for item in data.get("items", []):
+                queues[item["name"]] = item
+            if page >= int(data.get("page_count") or 1):
+                break
+            if page >= self.max_pages:
+                errors.append(
+                    f"queue listing truncated at max_pages={self.max_pages} "
+                    f"({data.get('filtered_count')} queues); the rest were not sampled"
+                )
+                break
+            page += 1
+        return queues, trips, errors
+
+    def _poll_management(
+        self, addresses: Sequence[Address]
+    ) -> tuple[dict[Address, ChannelStats], int, list[str]]:
+        # Stats are not disabled (``disable_stats``): without them the API omits ``consumers``
+        # and ``message_stats``; ``columns`` keeps the answer small instead.
+        with self._http() as client:
+            queues, trips, errors = self._list_queues(client, _POLL_COLUMNS)
+        now = time.time()
+        stats: dict[Address, ChannelStats] = {}
+        for address in addresses:
+            q = queues.get(address.name)
+            if q is None:
+                stats[address] = ChannelStats(address, exists=bool(errors), observed_at=now)
+                continue
+            ms = q.get("message_stats") or {}
+            consumers = _int(q.get("consumers"))
+            stats[address] = ChannelStats(
+                address,
+                backlog=_int(q.get("messages_ready")),
+                in_flight=_int(q.get("messages_unacknowledged")),
+                retained=_int(q.get("messages")),
+                consumers=consumers,
+                active_consumers=_active_consumers(q, consumers),
+                redelivered=_int(ms.get("redeliver")),
+                produced=_int(ms.get("publish")),
+                delivered=_int(ms.get("deliver_get")),
+                acked=_int(ms.get("ack")),
+                observed_at=now,
+            )
+        return stats, trips, errors
+
+    def _poll_passive(
+        self, addresses: Sequence[Address]
+    ) -> tuple[dict[Address, ChannelStats], int, list[str]]:
+        declared, trips = self._passive_declare_all(addresses)
+        stats: dict[Address, ChannelStats] = {}
+        for address, (ok, frame, at) in declared.items():
+            if not ok or frame is None:
+                stats[address] = ChannelStats(address, exists=False, observed_at=at)
+                continue
+            # declare-ok carries the ready count and the consumer count only.
+            stats[address] = ChannelStats(
+                address,
+                backlog=frame.message_count,
+                consumers=frame.consumer_count,
+                observed_at=at,
+            )
+        return stats, trips, []
+
+    def _passive_declare_all(
+        self, addresses: Sequence[Address]
+    ) -> tuple[dict[Address, tuple[bool, Any, float]], int]:
+        connection = self._connect()
+        trips = 2  # connection handshake, channel.open
+        out: dict[Address, tuple[bool, Any, float]] = {}
+        try:
+            channel = _open_channel(connection)
+            for address in addresses:
+                trips += 1
+                try:
+                    frame = channel.queue_declare(address.name, passive=True)
+                    out[address] = (True, frame.method, time.time())
+                except pika.exceptions.ChannelClosedByBroker as exc:
+                    if exc.reply_code != 404:
+                        raise _amqp_error(exc, f"declare {address.name}") from exc
+                    out[address] = (False, None, time.time())
+                    trips += 1
+                    channel = _open_channel(connection)
+                except BrokerError:
+                    raise
+                except Exception as exc:
+                    raise _amqp_error(exc, f"declare {address.name}") from exc
+        finally:
+            with contextlib.suppress(Exception):
+                connection.close()
+        return out, trips
+
+    # -- inspect -------------------------------------------------------------------------
+
+    def inspect(self, addresses: Sequence[Address]) -> dict[Address, Topology]:
+        if not self._api_base:
+            declared, _ = self._passive_declare_all(addresses)
+            return {a: Topology(a, exists=ok) for a, (ok, _f, _t) in declared.items()}
+        with self._http() as client:
+            queues, _trips, errors = self._list_queues(client, _INSPECT_COLUMNS)
+        result: dict[Address, Topology] = {}
+        for address in addresses:
+            q = queues.get(address.name)
+            if q is None:
+                result[address] = Topology(address, exists=bool(errors))
+                continue
+            result[address] = _topology(address, q)
+        return result
+
+    # -- drain / publish -----------------------------------------------------------------
+
+    def open_drain(self, address: Address) -> DrainSession:
+        return RabbitMQDrainSession(self, address)
+
+    def open_publisher(self, target: Address) -> Publisher:
+        return RabbitMQPublisher(self, target)
+
+
+class RabbitMQDrainSession(DrainSession):
+    """``basic.consume`` with manual ack on one queue. Prefetch is twice the batch so the next
+    batch is already in our buffer while the caller commits the previous one."""
+
+    def __init__(self, adapter: RabbitMQAdapter, address: Address) -> None:
+        self.adapter = adapter
+        self.address = address
+        self._buffer: collections.deque[tuple[Basic.Deliver, BasicProperties, bytes]] = (
+            collections.deque()
+        )
+        self._outstanding: set[int] = set()  # delivered to us, not yet acked
+        self._prefetch = 0
+        self._consumer_tag: str | None = None
+        self._connection = adapter._connect()
+        try:
+            self._channel = _open_channel(self._connection)
+        except BaseException:
+            self.close()
+            raise
+
+    def _on_message(
+        self, _ch: BlockingChannel, method: Basic.Deliver, props: BasicProperties, body: bytes
+    ) -> None:
+        self._buffer.append((method, props, body))
+        self._outstanding.add(int(method.delivery_tag or 0))
+
+    def _ensure_consuming(self, max_batch: int) -> None:
+        wanted = min(max(2 * max_batch, 1), 65_535)
+        if wanted > self._prefetch:
+            self._channel.basic_qos(prefetch_count=wanted)
+            self._prefetch = wanted
+        if self._consumer_tag is None:
+            self._consumer_tag = self._channel.basic_consume(
+                self.address.name, self._on_message, auto_ack=False
+            )
+
+    def fetch(self, max_batch: int, wait_s: float) -> list[DeadLetter]:
+        if max_batch <= 0:
+            return []
+        try:
+            self._ensure_consuming(max_batch)
+            deadline = time.monotonic() + max(wait_s, 0.0)
+            # 1. Wait (bounded) for the first message.
+            while not self._buffer:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                self._connection.process_data_events(
+                    time_limit=min(remaining, self.adapter.timeout)
+                )
+            # 2. Take whatever else has already arrived, without waiting for more.
+            while self._buffer and len(self._buffer) < max_batch:
+                before = len(self._buffer)
+                self._connection.process_data_events(time_limit=0)
+                if len(self._buffer) == before:
+                    break
+        except pika.exceptions.ChannelClosedByBroker as exc:
+            raise BrokerError(
+                f"consume {self.address.name}: {exc.reply_code} {exc.reply_text}",
+                permanent=exc.reply_code in (403, 404),
+            ) from exc
+        except Exception as exc:
+            raise _amqp_error(exc, f"consume {self.address.name}") from exc
+        letters: list[DeadLetter] = []
+        while self._buffer and len(letters) < max_batch:
+            method, props, body = self._buffer.popleft()
+            letters.append(_dead_letter(self.adapter.vhost, self.address.name, method, props, body))
+        return letters
+
+    def ack(self, letters: Sequence[DeadLetter]) -> None:
+        tags = sorted({int(letter.token) for letter in letters})
+        if not tags:
+            return
+        unknown = [t for t in tags if t not in self._outstanding]
+        if unknown:
+            raise BrokerError(f"delivery tags not outstanding on this session: {unknown[:5]}")
+        lowest = sorted(self._outstanding)[: len(tags)]
+        try:
+            if lowest == tags:
+                # Contiguous prefix of the outstanding tags: one ack covers them all.
+                self._channel.basic_ack(delivery_tag=tags[-1], multiple=True)
+            else:
+                for tag in tags:
+                    self._channel.basic_ack(delivery_tag=tag)
+            self._outstanding.difference_update(tags)
+            # Flush the ack frames now rather than at the next fetch.
+            self._connection.process_data_events(time_limit=0)
+        except Exception as exc:
+            raise _amqp_error(exc, f"ack {self.address.name}") from exc
+
+    def close(self) -> None:
+        self._buffer.clear()
+        self._outstanding.clear()
+        connection = getattr(self, "_connection", None)
+        if connection is not None and connection.is_open:
+            with contextlib.suppress(Exception):
+                connection.close()
+
+
+class RabbitMQPublisher(Publisher):
+    """Confirmed, mandatory, persistent publishing to the default exchange (routing key = queue).
+
+    pika's blocking channel waits for each confirm before the next publish. Here an asyncio
+    pika connection on a private event loop keeps up to ``PUBLISH_WINDOW`` publishes in flight:
+    1. publish while the window has room, recording delivery tag → message;
+    2. a ``basic.return`` (always sent before that message's ack) marks the oldest outstanding
+       message with the same body as unroutable (returns come in publish order, and every
+       message of one publisher has the same routing key);
+    3. ``basic.ack``/``basic.nack`` (possibly ``multiple``) settle tags up to the given one;
+    4. when no confirm arrives for ``timeout`` seconds, the rest are settled as "timeout".
+    """
+
+    def __init__(self, adapter: RabbitMQAdapter, target: Address) -> None:
+        self.adapter = adapter
+        self.target = target
+        self._loop = asyncio.new_event_loop()
+        self._connection: AsyncioConnection | None = None
+        self._channel: Channel | None = None
+        self._closed_reason: str | None = None
+        self._next_tag = 0
+        self._pending: collections.OrderedDict[int, int] = collections.OrderedDict()
+        self._returned: set[int] = set()
+        self._return_reason: dict[int, str] = {}
+        self._outcomes: list[PublishOutcome | None] = []
+        self._batch: Sequence[OutgoingMessage] = ()
+        self._progress = asyncio.Event()
+        try:
+            self._loop.run_until_complete(asyncio.wait_for(self._open(), adapter.timeout))
+        except BaseException as exc:
+            self.close()
+            if isinstance(exc, BrokerError):
+                raise
+            if isinstance(exc, TimeoutError | asyncio.TimeoutError):
+                raise BrokerError("publisher open timed out") from exc
+            raise _amqp_error(exc, "open publisher") from exc
+
+    async def _open(self) -> None:
+        opened: asyncio.Future[None] = self._loop.create_future()
+
+        def on_open(_conn: Any) -> None:
+            _conn.channel(on_open_callback=on_channel)
+
+        def on_open_error(_conn: Any, err: BaseException | str) -> None:
+            if not opened.done():
+                exc = err if isinstance(err, BaseException) else Exception(str(err))
+                opened.set_exception(_amqp_error(exc, "connect"))
+
+        def on_channel(channel: Channel) -> None:
+            self._channel = channel
+            channel.add_on_close_callback(self._on_channel_closed)
+            channel.add_on_return_callback(self._on_return)
+            channel.confirm_delivery(
+                ack_nack_callback=self._on_confirm,
+                callback=lambda _frame: _resolve(opened),
+            )
+
+        self._connection = AsyncioConnection(
+            self.adapter._connection_parameters(),
+            on_open_callback=on_open,
+            on_open_error_callback=on_open_error,
+            on_close_callback=self._on_connection_closed,
+            custom_ioloop=self._loop,
+        )
+        await opened
+
+    def _on_connection_closed(self, _conn: Any, reason: BaseException) -> None:
+        self._closed_reason = self._closed_reason or f"connection closed: {reason}"
+        self._progress.set()
+
+    def _on_channel_closed(self, _ch: Any, reason: BaseException) -> None:
+        self._closed_reason = self._closed_reason or f"channel closed: {reason}"
+        self._progress.set()
+
+    def _on_return(
+        self, _ch: Any, method: Basic.Return, props: BasicProperties, body: bytes
+    ) -> None:
+        for tag, index in self._pending.items():
+            if tag in self._returned:
+                continue
+            if self._batch[index].body == body:
+                self._returned.add(tag)
+                self._return_reason[tag] = f"unroutable: {method.reply_code} {method.reply_text}"
+                break
+
+    def _on_confirm(self, frame: Any) -> None:
+        method = frame.method
+        positive = isinstance(method, Basic.Ack)
+        upto = method.delivery_tag
+        tags = [t for t in self._pending if t <= upto] if method.multiple else [upto]
+        for tag in tags:
+            index = self._pending.pop(tag, None)
+            if index is None:
+                continue
+            key = self._batch[index].key
+            if tag in self._returned:
+                outcome = PublishOutcome(key, False, self._return_reason.pop(tag, "unroutable"))
+                self._returned.discard(tag)
+            elif positive:
+                outcome = PublishOutcome(key, True)
+            else:
+                outcome = PublishOutcome(key, False, "nacked")
+            self._outcomes[index] = outcome
+        self._progress.set()
+
+    def publish(self, messages: Sequence[OutgoingMessage]) -> list[PublishOutcome]:
+        if not messages:
+            return []
+        if self._channel is None or self._closed_reason:
+            raise BrokerError(f"publisher is closed ({self._closed_reason or 'not open'})")
+        self._batch = messages
+        self._outcomes = [None] * len(messages)
+        self._pending.clear()
+        self._returned.clear()
+        self._return_reason.clear()
+        self._loop.run_until_complete(self._publish_all())
+        return [
+            o if o is not None else PublishOutcome(m.key, False, "timeout")
+            for o, m in zip(self._outcomes, messages, strict=True)
+        ]
+
+    async def _publish_all(self) -> None:
+        assert self._channel is not None
+        timeout = self.adapter.timeout
+        for index, msg in enumerate(self._batch):
+            while len(self._pending) >= PUBLISH_WINDOW and not self._closed_reason:
+                if not await self._wait_progress(timeout):
+                    return
+            if self._closed_reason:
+                break
+            self._next_tag += 1
+            self._pending[self._next_tag] = index
+            self._channel.basic_publish(
+                exchange="",
+                routing_key=self.target.name,
+                body=msg.body,
+                properties=_outgoing_properties(msg),
+                mandatory=True,
+            )
+            if index % 200 == 199:
+                await asyncio.sleep(0)  # let the transport write and confirms come in
+        while self._pending and not self._closed_reason:
+            if not await self._wait_progress(timeout):
+                return
+        if self._closed_reason:
+            for index in self._pending.values():
+                self._outcomes[index] = PublishOutcome(
+                    self._batch[index].key, False, self._closed_reason
+                )
+            for index, outcome in enumerate(self._outcomes):
+                if outcome is None:
+                    self._outcomes[index] = PublishOutcome(
+                        self._batch[index].key, False, f"not sent: {self._closed_reason}"
+                    )
+            self._pending.clear()
+
+    async def _wait_progress(self, timeout: float) -> bool:
+        self._progress.clear()
+        try:
+            await asyncio.wait_for(self._progress.wait(), timeout)
+        except TimeoutError:
+            return False
+        return True
+
+    def close(self) -> None:
+        connection = self._connection
+        if connection is not None and not (connection.is_closed or connection.is_closing):
+            done: asyncio.Future[None] = self._loop.create_future()
+            connection.add_on_close_callback(lambda *_: _resolve(done))
+            with contextlib.suppress(Exception):
+                connection.close()
+                self._loop.run_until_complete(asyncio.wait_for(done, self.adapter.timeout))
+        self._connection = None
+        self._channel = None
+        self._closed_reason = self._closed_reason or "closed"
+        if not self._loop.is_closed():
+            with contextlib.suppress(Exception):
+                self._loop.run_until_complete(self._loop.shutdown_asyncgens())
+            self._loop.close()
+
+
+# -- helpers -----------------------------------------------------------------------------
+
+
+def _is_prometheus(url: str) -> bool:
+    p = urllib.parse.urlsplit(url)
+    return p.path.rstrip("/").endswith(("/metrics", "/metrics/detailed")) or p.port == 15692
+
+
+def _hostport(p: urllib.parse.SplitResult) -> str:
+    host = p.hostname or "127.0.0.1"
+    if ":" in host:
+        host = f"[{host}]"
+    return f"{host}:{p.port}" if p.port else host
+
+
+def _redact(url: str) -> str:
+    p = urllib.parse.urlsplit(url)
+    if p.password is None:
+        return url
+    return urllib.parse.urlunsplit(p._replace(netloc=f"{p.username}:***@{_hostport(p)}"))
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+def _http_get(
+    client: httpx.Client, url: str, params: list[tuple[str, str | int | float | bool | None]]
+) -> httpx.Response:
+    try:
+        response = client.get(url, params=params)
+    except httpx.HTTPError as exc:
+        raise BrokerError(f"GET {_redact(url)}: {type(exc).__name__}: {exc}") from exc
+    if response.status_code in (401, 403):
+        raise BrokerError(f"GET {_redact(url)}: HTTP {response.status_code}", permanent=True)
+    if response.status_code == 404:
+        raise BrokerError(f"GET {_redact(url)}: not found (unknown vhost?)", permanent=True)
+    if response.status_code >= 400:
+        raise BrokerError(f"GET {_redact(url)}: HTTP {response.status_code}")
+    return response
+
+
+def _parse_prometheus(text: str, vhost: str, into: dict[str, dict[str, float]]) -> None:
+    try:
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                queue = sample.labels.get("queue")
+                if queue is None or sample.labels.get("vhost") != vhost:
+                    continue
+                into.setdefault(queue, {})[sample.name] = sample.value
+    except ValueError as exc:
+        raise BrokerError(f"unparseable Prometheus answer: {exc}") from exc
+
+
+def _int(value: Any) -> int | None:
+    if value is None or isinstance(value, bool):
+        return None
+    if isinstance(value, float) and value != value:  # NaN
+        return None
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def _age(head_timestamp: float | None, now: float) -> float | None:
+    """Prometheus head_message_timestamp is the publisher's ``timestamp`` property (seconds),
+    present only when the head message has one."""
+    if head_timestamp is None or head_timestamp != head_timestamp or head_timestamp <= 0:
+        return None
+    return max(0.0, now - head_timestamp)
+
+
+def _active_consumers(queue: dict[str, Any], consumers: int | None) -> int | None:
+    """Single-active-consumer queues have at most one active consumer; on other queues every
+    consumer is active (the ``active`` flag RabbitMQ reports for each is true)."""
+    if consumers is None:
+        return None
+    if (queue.get("arguments") or {}).get("x-single-active-consumer") is True:
+        return min(consumers, 1)
+    return consumers
+
+
+def _setting(q: dict[str, Any], name: str) -> tuple[Any, Any]:
+    """(queue argument ``x-<name>``, effective policy ``<name>``)."""
+    args = q.get("arguments") or {}
+    policy = q.get("effective_policy_definition") or {}
+    if not isinstance(policy, dict):
+        policy = {}
+    return args.get(f"x-{name}"), policy.get(name)
+
+
+def _topology(address: Address, q: dict[str, Any]) -> Topology:
+    args = q.get("arguments") or {}
+    kind = q.get("type") or args.get("x-queue-type") or "classic"
+    # Precedence as in RabbitMQ: a queue argument beats the policy for the DLX, the routing key,
+    # overflow and strategy; for delivery-limit the smaller value wins.
+    dlx_arg, dlx_pol = _setting(q, "dead-letter-exchange")
+    dlx = dlx_arg if dlx_arg is not None else dlx_pol
+    rk_arg, rk_pol = _setting(q, "dead-letter-routing-key")
+    routing_key = rk_arg if rk_arg is not None else rk_pol
+    if dlx is None:
+        target = ""
+    elif dlx == "":
+        target = routing_key or "amq.default"  # the default exchange routes by queue name
+    else:
+        target = str(dlx)
+    over_arg, over_pol = _setting(q, "overflow")
+    overflow = over_arg if over_arg is not None else over_pol
+    if overflow is None and kind != "stream":
+        overflow = "drop-head"  # the broker's default
+    limits = [v for v in _setting(q, "delivery-limit") if isinstance(v, int) and v >= 0]
+    no_limit = None if kind == "stream" else -1  # -1: none; streams do not redeliver
+    delivery_limit = min(limits) if limits else no_limit
+    strategy: str | None = None
+    if dlx is not None:
+        strat_arg, strat_pol = _setting(q, "dead-letter-strategy")
+        declared = strat_arg if strat_arg is not None else strat_pol
+        # at-least-once needs a quorum queue with reject-publish; otherwise RabbitMQ falls back.
+        if kind == "quorum" and declared == "at-least-once" and overflow == "reject-publish":
+            strategy = "at-least-once"
+        else:
+            strategy = "at-most-once"
+    return Topology(
+        address,
+        exists=True,
+        kind=str(kind),
+        dead_letter_target=target,
+        delivery_limit=delivery_limit,
+        dead_letter_strategy=strategy,
+        overflow=str(overflow) if overflow is not None else None,
+        raw={
+            "arguments": args,
+            "effective_policy_definition": q.get("effective_policy_definition") or {},
+            "policy": q.get("policy"),
+            "operator_policy": q.get("operator_policy"),
+        },
+    )
+
+
+def _open_channel(connection: pika.BlockingConnection) -> BlockingChannel:
+    try:
+        return connection.channel()
+    except Exception as exc:
+        raise _amqp_error(exc, "channel.open") from exc
+
+
+def _amqp_error(exc: BaseException, action: str) -> BrokerError:
+    if isinstance(exc, BrokerError):
+        return exc
+    permanent = isinstance(
+        exc,
+        pika.exceptions.ProbableAuthenticationError
+        | pika.exceptions.AuthenticationError
+        | pika.exceptions.ProbableAccessDeniedError,
+    )
+    if isinstance(exc, pika.exceptions.ConnectionClosedByBroker):
+        # 403 ACCESS_REFUSED, 530 NOT_ALLOWED (unknown vhost / no permission) will not heal.
+        permanent = exc.reply_code in (403, 530)
+    detail = str(exc) or type(exc).__name__
+    return BrokerError(f"rabbitmq {action}: {type(exc).__name__}: {detail}", permanent=permanent)
+
+
+def _epoch(value: Any) -> float | None:
+    if isinstance(value, dt.datetime):
+        if value.tzinfo is None:
+            value = value.replace(tzinfo=dt.UTC)
+        return value.timestamp()
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    return None
+
+
+def _text(value: Any) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    return str(value)
+
+
+def _properties(props: BasicProperties) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name in _PROPERTY_NAMES:
+        value = getattr(props, name, None)
+        if value is not None:
+            out[name] = value
+    return json_safe_headers(out)
+
+
+def _dedupe_key(
+    vhost: str, queue: str, body: bytes, props: BasicProperties, headers: dict[str, Any]
+) -> str:
+    canonical = json.dumps(
+        [
+            vhost,
+            queue,
+            hashlib.sha256(body).hexdigest(),
+            json_safe_headers({"m": props.message_id, "t": props.timestamp}),
+            json_safe_headers(
+                {
+                    "q": headers.get("x-first-death-queue"),
+                    "e": headers.get("x-first-death-exchange"),
+                    "r": headers.get("x-first-death-reason"),
+                }
+            ),
+        ],
+        sort_keys=True,
+        separators=(",", ":"),
+        ensure_ascii=True,
+    )
+    return "rmq:" + hashlib.sha256(canonical.encode("ascii")).hexdigest()
+
+
+def _dead_letter(
+    vhost: str, queue: str, method: Basic.Deliver, props: BasicProperties, body: bytes
+) -> DeadLetter:
+    headers: dict[str, Any] = dict(props.headers or {})
+    deaths_raw = headers.get("x-death")
+    deaths: list[dict[str, Any]] = (
+        [d for d in deaths_raw if isinstance(d, dict)] if isinstance(deaths_raw, list) else []
+    )
+    first_queue = _text(headers.get("x-first-death-queue"))
+    first_exchange = _text(headers.get("x-first-death-exchange"))
+    reason = _text(headers.get("x-first-death-reason"))
+    if first_queue is None and deaths:
+        first_queue = _text(deaths[-1].get("queue"))
+    if first_exchange is None and deaths:
+        first_exchange = _text(deaths[-1].get("exchange"))
+    if reason is None and deaths:
+        reason = _text(deaths[0].get("reason"))
+    redelivery_count: int | None = None
+    first_death_at: float | None = None
+    if deaths:
+        mine = [d for d in deaths if _text(d.get("queue")) == first_queue] or deaths[-1:]
+        counts = [_int(d.get("count")) for d in mine]
+        redelivery_count = (
+            sum(c for c in counts if c is not None) if any(c is not None for c in counts) else None
+        )
+        first_death_at = _epoch(mine[-1].get("time"))
+    elif headers.get("x-delivery-count") is not None:
+        redelivery_count = _int(headers.get("x-delivery-count"))
+    dead_lettered_at = _epoch(deaths[0].get("time")) if deaths else None
+    return DeadLetter(
+        dedupe_key=_dedupe_key(vhost, queue, body, props, headers),
+        body=body,
+        headers=json_safe_headers(headers),
+        properties=_properties(props),
+        token=method.delivery_tag,
+        broker_id=str(method.delivery_tag),
+        redelivery_count=redelivery_count,
+        reason=reason,
+        first_death_queue=first_queue,
+        first_death_exchange=first_exchange,
+        first_death_at=first_death_at,
+        dead_lettered_at=dead_lettered_at,
+        death_history=[json_safe_headers(d) for d in deaths],
+    )
+
+
+def _outgoing_properties(msg: OutgoingMessage) -> BasicProperties:
+    """Copy the known AMQP properties from the message; always persistent."""
+    allowed: dict[str, Any] = {k: v for k, v in msg.properties.items() if k in _PROPERTY_NAMES}
+    allowed.pop("delivery_mode", None)
+    ts = allowed.get("timestamp")
+    if ts is not None and not isinstance(ts, int):
+        epoch = _epoch(ts)
+        allowed["timestamp"] = int(epoch) if epoch is not None else None
+    if "priority" in allowed and allowed["priority"] is not None:
+        allowed["priority"] = int(allowed["priority"])
+    if "expiration" in allowed and allowed["expiration"] is not None:
+        allowed["expiration"] = str(allowed["expiration"])
+    return BasicProperties(delivery_mode=2, headers=dict(msg.headers or {}) or None, **allowed)
+
+
+__all__ = ["RabbitMQAdapter"]
