@@ -1,0 +1,819 @@
+"""NATS JetStream adapter (kind ``"nats"``).
+
+``Address.name`` is the stream and ``Address.group`` the durable consumer (``""`` samples the
+stream alone). nats-py is asyncio; this adapter is synchronous, so every one-shot call runs on
+a private event loop that it closes afterwards, and drain/publish sessions own one loop each.
+Every connection uses ``connect_timeout=self.timeout`` and no reconnects; every request is
+bounded by ``self.timeout``; every connection is closed.
+
+Polling uses the paged list APIs: ``$JS.API.STREAM.LIST`` (256 stream infos per page, all
+pages after the first requested concurrently) and, per stream that has consumers to sample,
+``$JS.API.CONSUMER.LIST.<stream>`` (or ``CONSUMER.INFO`` when fewer consumers are wanted than
+the list has pages). ``round_trips`` counts JetStream API requests: it grows with the number of
+*streams* holding sampled consumers (JetStream has no account-wide consumer list without the
+system account or the monitoring port), never with the number of consumers. Requests run
+concurrently, at most ``max_in_flight`` at a time.
+
+Dead letters. JetStream has no DLQ; when a consumer gives up on a message it publishes a
+``MAX_DELIVERIES`` or ``MSG_TERMINATED`` advisory. ``prepare_drain`` creates the dashboard-owned
+stream ``DLO_ADVISORIES`` (file storage, bounded by age and count) capturing both advisory
+subjects for the whole account, so none is lost while the ingester is down. ``open_drain``
+binds a durable pull consumer on it filtered to one stream/consumer; each advisory becomes a
+``DeadLetter`` whose body and headers are read back from the original stream by sequence
+(``dedupe_key = "nats:<stream>:<stream_seq>"``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import concurrent.futures
+import contextlib
+import datetime as dt
+import hashlib
+import json
+import re
+import time
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from typing import Any, TypeVar
+from urllib.parse import urlsplit
+
+import nats.errors
+import nats.js.errors
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+
+from brokers.base import (
+    Address,
+    BrokerAdapter,
+    BrokerError,
+    ChannelStats,
+    DeadLetter,
+    DrainSession,
+    OutgoingMessage,
+    PollResult,
+    Publisher,
+    PublishOutcome,
+    Topology,
+    json_safe_headers,
+)
+
+T = TypeVar("T")
+
+API = "$JS.API"
+ADVISORY_STREAM = "DLO_ADVISORIES"
+MAX_DELIVERIES_PREFIX = "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES"
+TERMINATED_PREFIX = "$JS.EVENT.ADVISORY.CONSUMER.MSG_TERMINATED"
+ADVISORY_SUBJECTS = [f"{MAX_DELIVERIES_PREFIX}.>", f"{TERMINATED_PREFIX}.>"]
+LIST_PAGE = 256  # JetStream's page size for STREAM.LIST / CONSUMER.LIST
+PUBLISH_WINDOW = 256
+_VALID_SCHEMES = {"nats", "tls", "ws", "wss"}
+_HEADER_NAME = re.compile(r"^[!-9;-~]+$")  # printable ASCII except ':' (RFC 7230 token-ish)
+
+
+# --- event loop plumbing ---------------------------------------------------------------------
+
+
+def _close_loop(loop: asyncio.AbstractEventLoop) -> None:
+    """Cancel what nats-py left behind, then close the loop (no ResourceWarning leaks)."""
+    try:
+        tasks = asyncio.all_tasks(loop)
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
+        loop.run_until_complete(loop.shutdown_asyncgens())
+    finally:
+        loop.close()
+
+
+def _run_on(loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, T]) -> T:
+    """Run ``coro`` to completion on ``loop``; from a thread that already runs a loop (an async
+    caller of this sync API), run it on a helper thread instead of failing."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return loop.run_until_complete(coro)
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(loop.run_until_complete, coro).result()
+
+
+def _run_once(coro: Coroutine[Any, Any, T]) -> T:
+    loop = asyncio.new_event_loop()
+    try:
+        return _run_on(loop, coro)
+    finally:
+        _close_loop(loop)
+
+
+# --- errors and parsing ----------------------------------------------------------------------
+
+
+def _broker_error(exc: BaseException, what: str) -> BrokerError:
+    if isinstance(exc, BrokerError):
+        return exc
+    permanent = isinstance(
+        exc,
+        nats.errors.AuthorizationError
+        | nats.errors.InvalidUserCredentialsError
+        | nats.errors.SecureConnRequiredError
+        | nats.errors.SecureConnWantedError
+        | nats.errors.NoRespondersError  # on $JS.API: JetStream is not enabled for the account
+        | ValueError,
+    )
+    if isinstance(exc, nats.js.errors.APIError):
+        permanent = exc.code is not None and 400 <= exc.code < 500
+    message = str(exc) or type(exc).__name__
+    if isinstance(exc, nats.errors.NoRespondersError):
+        message = "no responders (JetStream not enabled for this account?)"
+    if isinstance(exc, asyncio.TimeoutError | TimeoutError):
+        message = "timed out"
+    if isinstance(exc, nats.errors.NoServersError):
+        message = "no server reachable (connection refused or closed)"
+    return BrokerError(f"nats {what}: {type(exc).__name__}: {message}", permanent=permanent)
+
+
+_TS = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d+))?(Z|[+-]\d\d:\d\d)$")
+
+
+def _parse_ts(value: Any) -> float | None:
+    """RFC 3339 with nanoseconds (Go's format) → epoch seconds; the zero time → ``None``."""
+    if not isinstance(value, str):
+        return None
+    match = _TS.match(value)
+    if not match:
+        return None
+    base, frac, zone = match.groups()
+    if base.startswith("0001-"):
+        return None
+    parsed = dt.datetime.fromisoformat(base + ("+00:00" if zone == "Z" else zone))
+    return parsed.timestamp() + (float("0." + frac) if frac else 0.0)
+
+
+def _int_or_none(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _parse_headers(raw: bytes) -> dict[str, Any]:
+    """``NATS/1.0\\r\\nK: v\\r\\n…`` → ``{K: v}`` (a repeated header becomes a list)."""
+    headers: dict[str, Any] = {}
+    lines = raw.decode("utf-8", "backslashreplace").split("\r\n")
+    for line in lines[1:]:
+        if not line or ":" not in line:
+            continue
+        key, _, value = line.partition(":")
+        value = value.strip()
+        if key in headers:
+            previous = headers[key]
+            headers[key] = [*previous, value] if isinstance(previous, list) else [previous, value]
+        else:
+            headers[key] = value
+    return headers
+
+
+def _drain_consumer_name(address: Address) -> str:
+    name = f"dlo_{address.name}_{address.group or 'all'}"
+    if len(name) > 120 or not re.fullmatch(r"[A-Za-z0-9_-]+", name):
+        name = "dlo_" + hashlib.sha256(str(address).encode()).hexdigest()[:32]
+    return name
+
+
+def _stats(
+    address: Address, stream: dict[str, Any], consumer: dict[str, Any] | None
+) -> ChannelStats:
+    state = stream.get("state") or {}
+    messages = _int_or_none(state.get("messages"))
+    first_ts = _parse_ts(state.get("first_ts"))
+    now = time.time()
+    sample = ChannelStats(
+        address=address, retained=messages, produced=_int_or_none(state.get("last_seq"))
+    )
+    if not address.group:
+        if messages == 0:
+            sample.oldest_message_age_s = 0.0
+        elif messages and first_ts is not None:
+            sample.oldest_message_age_s = max(0.0, now - first_ts)
+        return sample
+    if consumer is None:
+        sample.exists = False
+        return sample
+    config = consumer.get("config") or {}
+    delivered = consumer.get("delivered") or {}
+    ack_floor = consumer.get("ack_floor") or {}
+    sample.backlog = _int_or_none(consumer.get("num_pending"))
+    sample.in_flight = _int_or_none(consumer.get("num_ack_pending"))
+    sample.redelivered = _int_or_none(consumer.get("num_redelivered"))
+    sample.delivered = _int_or_none(delivered.get("stream_seq"))
+    sample.acked = _int_or_none(ack_floor.get("stream_seq"))
+    if config.get("deliver_subject"):
+        # Push consumer: push_bound says whether anyone subscribes to its deliver subject.
+        sample.consumers = 1 if consumer.get("push_bound") else 0
+    elif (_int_or_none(consumer.get("num_waiting")) or 0) > 0:
+        sample.consumers = 1  # a waiting pull request proves a live client, not how many
+    sample.active_consumers = sample.consumers
+    first_seq = _int_or_none(state.get("first_seq"))
+    unfiltered = not config.get("filter_subject") and not config.get("filter_subjects")
+    if sample.backlog == 0:
+        sample.oldest_message_age_s = 0.0
+    elif (
+        sample.backlog
+        and unfiltered
+        and first_ts is not None
+        and first_seq is not None
+        and sample.delivered is not None
+        and sample.delivered < first_seq
+    ):
+        # The consumer is behind the stream's first retained message, which is therefore the
+        # oldest undelivered one; anywhere else its age would need an extra read.
+        sample.oldest_message_age_s = max(0.0, now - first_ts)
+    return sample
+
+
+_STREAM_RAW_KEYS = (
+    "name",
+    "subjects",
+    "retention",
+    "storage",
+    "discard",
+    "max_msgs",
+    "max_bytes",
+    "max_age",
+    "max_msgs_per_subject",
+    "max_msg_size",
+    "num_replicas",
+    "duplicate_window",
+    "allow_direct",
+)
+
+
+def _topology(
+    address: Address, stream: dict[str, Any] | None, consumer: dict[str, Any] | None
+) -> Topology:
+    if stream is None or (address.group and consumer is None):
+        return Topology(address=address, exists=False, kind="jetstream")
+    stream_config = stream.get("config") or {}
+    raw: dict[str, Any] = {
+        "stream": {k: stream_config[k] for k in _STREAM_RAW_KEYS if k in stream_config}
+    }
+    discard = stream_config.get("discard")
+    topology = Topology(
+        address=address,
+        exists=True,
+        kind="jetstream",
+        dead_letter_target="",
+        overflow={"old": "drop-head", "new": "reject-publish"}.get(discard or ""),
+        raw=raw,
+    )
+    if consumer is not None:
+        config = consumer.get("config") or {}
+        raw["consumer"] = config
+        topology.ack_policy = config.get("ack_policy")
+        topology.delivery_limit = _int_or_none(config.get("max_deliver"))
+        topology.max_ack_pending = _int_or_none(config.get("max_ack_pending"))
+    return topology
+
+
+# --- the adapter -----------------------------------------------------------------------------
+
+
+class _Api:
+    """JetStream API requests over one connection, counted, at most ``limit`` in flight."""
+
+    def __init__(self, nc: NATS, timeout: float, limit: int) -> None:
+        self.nc = nc
+        self.timeout = timeout
+        self.requests = 0
+        self._slots = asyncio.Semaphore(limit)
+
+    async def request(self, subject: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+        """One API request; the decoded response, which may carry an ``error`` object."""
+        payload = json.dumps(body).encode() if body is not None else b""
+        async with self._slots:
+            self.requests += 1
+            msg = await self.nc.request(f"{API}.{subject}", payload, timeout=self.timeout)
+        try:
+            response: dict[str, Any] = json.loads(msg.data)
+        except ValueError as exc:
+            raise BrokerError(f"nats {subject}: unparseable API response: {exc}") from None
+        return response
+
+    async def ok(self, subject: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Like ``request`` but raise ``APIError`` on an error response."""
+        response = await self.request(subject, body)
+        if "error" in response:
+            raise nats.js.errors.APIError.from_error(response["error"])
+        return response
+
+
+def _not_found(response: dict[str, Any]) -> bool:
+    return (response.get("error") or {}).get("code") == 404
+
+
+class NatsJetStreamAdapter(BrokerAdapter):
+    """NATS JetStream: consumer pending/ack-pending and advisory-based dead letters."""
+
+    kind = "nats"
+    max_in_flight = 64
+    #: Bounds of the DLO_ADVISORIES stream (it captures advisories for the whole account).
+    advisory_max_age_s = 14 * 24 * 3600
+    advisory_max_msgs = 1_000_000
+    #: How long an advisory fetched but not acknowledged stays invisible to a new session.
+    drain_ack_wait_s = 60.0
+
+    def _check_url(self) -> None:
+        for server in self.url.split(","):
+            parts = urlsplit(server.strip())
+            if parts.scheme not in _VALID_SCHEMES or not parts.hostname:
+                raise BrokerError(f"nats: bad URL {server!r}", permanent=True)
+            try:
+                parts.port  # noqa: B018 - raises ValueError on a malformed port
+            except ValueError:
+                raise BrokerError(f"nats: bad port in URL {server!r}", permanent=True) from None
+
+    async def _connect(self) -> NATS:
+        self._check_url()
+
+        async def quiet(_exc: Exception) -> None:
+            """Errors surface through the awaited calls; don't log them twice."""
+
+        nc = NATS()
+        try:
+            await asyncio.wait_for(
+                nc.connect(
+                    servers=[s.strip() for s in self.url.split(",")],
+                    connect_timeout=max(1, round(self.timeout)),
+                    allow_reconnect=False,
+                    # 0 would retry a refused server forever inside nats-py's initial connect;
+                    # 1 with no wait means two immediate attempts, then NoServersError.
+                    max_reconnect_attempts=1,
+                    reconnect_time_wait=0,
+                    error_cb=quiet,
+                    name="dead-letter-office",
+                ),
+                timeout=self.timeout,
+            )
+        except Exception as exc:
+            await _close_quietly(nc)
+            raise _broker_error(exc, "connect") from None
+        return nc
+
+    async def _with_connection(self, work: Callable[[NATS], Awaitable[T]], what: str) -> T:
+        nc = await self._connect()
+        try:
+            return await work(nc)
+        except Exception as exc:
+            raise _broker_error(exc, what) from None
+        finally:
+            await _close_quietly(nc)
+
+    def ping(self) -> None:
+        async def work(nc: NATS) -> None:
+            await _Api(nc, self.timeout, 1).ok("INFO")
+
+        _run_once(self._with_connection(work, "ping"))
+
+    # --- poll and inspect ----------------------------------------------------------------
+
+    async def _collect(
+        self, api: _Api, addresses: Sequence[Address]
+    ) -> tuple[dict[str, dict[str, Any] | None], dict[Address, dict[str, Any] | None]]:
+        """Stream infos by name and consumer infos by address (``None`` = does not exist)."""
+        wanted = {a.name for a in addresses}
+        streams: dict[str, dict[str, Any] | None] = {}
+
+        # 1. Stream infos: the first list page tells the total; fetch the rest concurrently.
+        def keep_streams(page: dict[str, Any]) -> None:
+            for info in page.get("streams") or []:
+                name = (info.get("config") or {}).get("name")
+                if name in wanted:
+                    streams[name] = info
+
+        first = await api.ok("STREAM.LIST", {"offset": 0})
+        keep_streams(first)
+        total = _int_or_none(first.get("total")) or 0
+        limit = _int_or_none(first.get("limit")) or LIST_PAGE
+        offsets = list(range(limit, total, limit))[: max(0, self.max_pages - 1)]
+        for page in await asyncio.gather(*(api.ok("STREAM.LIST", {"offset": o}) for o in offsets)):
+            keep_streams(page)
+        # 2. Wanted but unseen (deleted, or the list was cut at max_pages or shifted while
+        #    paging): ask for each one so that exists=False is a fact, not an artefact.
+        unseen = sorted(wanted - streams.keys())
+        for name, response in zip(
+            unseen,
+            await asyncio.gather(*(api.request(f"STREAM.INFO.{n}") for n in unseen)),
+            strict=True,
+        ):
+            if _not_found(response):
+                streams[name] = None
+            elif "error" in response:
+                raise nats.js.errors.APIError.from_error(response["error"])
+            else:
+                streams[name] = response
+
+        # 3. Consumers, per stream: list pages, or single infos when fewer are wanted.
+        consumers: dict[Address, dict[str, Any] | None] = {}
+        by_stream: dict[str, set[str]] = {}
+        for address in addresses:
+            if address.group:
+                if streams.get(address.name) is None:
+                    consumers[address] = None
+                else:
+                    by_stream.setdefault(address.name, set()).add(address.group)
+        found: dict[tuple[str, str], dict[str, Any]] = {}
+
+        async def list_consumers(stream: str, names: set[str]) -> None:
+            state = (streams[stream] or {}).get("state") or {}
+            count = _int_or_none(state.get("consumer_count")) or 0
+            pages = min(self.max_pages, -(-count // LIST_PAGE))
+            if len(names) <= pages or count == 0:
+                return  # single infos below are cheaper (or there is nothing to list)
+            results = await asyncio.gather(
+                *(
+                    api.ok(f"CONSUMER.LIST.{stream}", {"offset": i * LIST_PAGE})
+                    for i in range(pages)
+                )
+            )
+            for page in results:
+                for info in page.get("consumers") or []:
+                    if info.get("name") in names:
+                        found[(stream, info["name"])] = info
+
+        await asyncio.gather(*(list_consumers(s, n) for s, n in by_stream.items()))
+        missing = sorted(
+            (s, c) for s, names in by_stream.items() for c in names if (s, c) not in found
+        )
+        responses = await asyncio.gather(
+            *(api.request(f"CONSUMER.INFO.{s}.{c}") for s, c in missing)
+        )
+        for key, response in zip(missing, responses, strict=True):
+            if "error" in response and not _not_found(response):
+                raise nats.js.errors.APIError.from_error(response["error"])
+            if not _not_found(response):
+                found[key] = response
+        for address in addresses:
+            if address.group and address not in consumers:
+                consumers[address] = found.get((address.name, address.group))
+        return streams, consumers
+
+    def poll(self, addresses: Sequence[Address]) -> PollResult:
+        started = time.perf_counter()
+
+        async def work(nc: NATS) -> PollResult:
+            api = _Api(nc, self.timeout, self.max_in_flight)
+            if not addresses:
+                return PollResult(stats={}, round_trips=0, duration_s=0.0)
+            streams, consumers = await self._collect(api, addresses)
+            stats: dict[Address, ChannelStats] = {}
+            for address in addresses:
+                stream = streams.get(address.name)
+                if stream is None:
+                    stats[address] = ChannelStats(address=address, exists=False)
+                else:
+                    stats[address] = _stats(address, stream, consumers.get(address))
+            return PollResult(
+                stats=stats, round_trips=api.requests, duration_s=time.perf_counter() - started
+            )
+
+        return _run_once(self._with_connection(work, "poll"))
+
+    def inspect(self, addresses: Sequence[Address]) -> dict[Address, Topology]:
+        async def work(nc: NATS) -> dict[Address, Topology]:
+            if not addresses:
+                return {}
+            streams, consumers = await self._collect(
+                _Api(nc, self.timeout, self.max_in_flight), addresses
+            )
+            return {a: _topology(a, streams.get(a.name), consumers.get(a)) for a in addresses}
+
+        return _run_once(self._with_connection(work, "inspect"))
+
+    # --- dead letters and replay ---------------------------------------------------------
+
+    async def _ensure_advisory_stream(self, api: _Api) -> None:
+        response = await api.request(f"STREAM.INFO.{ADVISORY_STREAM}")
+        if not _not_found(response):
+            if "error" in response:
+                raise nats.js.errors.APIError.from_error(response["error"])
+            return
+        config = {
+            "name": ADVISORY_STREAM,
+            "subjects": ADVISORY_SUBJECTS,
+            "retention": "limits",
+            "storage": "file",
+            "discard": "old",
+            "max_age": int(self.advisory_max_age_s * 1_000_000_000),
+            "max_msgs": self.advisory_max_msgs,
+            "max_bytes": -1,
+            "max_msg_size": -1,
+            "max_consumers": -1,
+            "num_replicas": 1,
+        }
+        created = await api.request(f"STREAM.CREATE.{ADVISORY_STREAM}", config)
+        # A concurrent creator may have won the race: that is success too.
+        if "error" in created and created["error"].get("err_code") != 10058:
+            raise nats.js.errors.APIError.from_error(created["error"])
+
+    def prepare_drain(self, address: Address) -> None:
+        async def work(nc: NATS) -> None:
+            await self._ensure_advisory_stream(_Api(nc, self.timeout, 1))
+
+        _run_once(self._with_connection(work, f"prepare_drain {address}"))
+
+    def open_drain(self, address: Address) -> DrainSession:
+        return NatsDrainSession(self, address)
+
+    def open_publisher(self, target: Address) -> Publisher:
+        return NatsPublisher(self, target)
+
+
+async def _close_quietly(nc: NATS) -> None:
+    # Closing is best effort: the socket goes with the loop anyway.
+    with contextlib.suppress(Exception):
+        await asyncio.wait_for(nc.close(), timeout=5)
+
+
+class _LoopSession:
+    """A connection with its own event loop, for the life of a session."""
+
+    def __init__(self, adapter: NatsJetStreamAdapter) -> None:
+        self.adapter = adapter
+        self.timeout = adapter.timeout
+        self._loop = asyncio.new_event_loop()
+        self._closed = False
+        try:
+            self.nc: NATS = self._call(adapter._connect())
+        except BaseException:
+            _close_loop(self._loop)
+            raise
+
+    def _call(self, coro: Coroutine[Any, Any, T]) -> T:
+        return _run_on(self._loop, coro)
+
+    def _close_session(self, before: Callable[[], Awaitable[None]] | None = None) -> None:
+        if self._closed:
+            return
+        self._closed = True
+
+        async def shutdown() -> None:
+            if before is not None:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(before(), timeout=self.timeout)
+            await _close_quietly(self.nc)
+
+        try:
+            self._call(shutdown())
+        finally:
+            _close_loop(self._loop)
+
+
+class NatsDrainSession(_LoopSession, DrainSession):
+    """Durable pull consumers on DLO_ADVISORIES filtered to one stream (and consumer).
+
+    One consumer per advisory kind: servers before 2.10 accept only one filter subject, and
+    it must be a subset of one of the stream's subjects."""
+
+    def __init__(self, adapter: NatsJetStreamAdapter, address: Address) -> None:
+        self.address = address
+        durable = _drain_consumer_name(address)
+        target = f"{address.name}.{address.group or '*'}"
+        self.consumers = [
+            (f"{durable}_md", f"{MAX_DELIVERIES_PREFIX}.{target}"),
+            (f"{durable}_term", f"{TERMINATED_PREFIX}.{target}"),
+        ]
+        self._outstanding: dict[int, Msg] = {}
+        self._buffer: list[Msg] = []  # delivered to us, not yet handed out by fetch
+        self._pulls: dict[int, asyncio.Task[list[Msg]]] = {}
+        super().__init__(adapter)
+        try:
+            self.subs = self._call(self._bind())
+        except BaseException as exc:
+            self._close_session()
+            raise _broker_error(exc, f"open_drain {address}") from None
+
+    async def _bind(self) -> list[Any]:
+        js = self.nc.jetstream(timeout=self.timeout)
+        api = _Api(self.nc, self.timeout, 1)
+        await self.adapter._ensure_advisory_stream(api)
+        subs = []
+        for durable, subject in self.consumers:
+            info = await api.request(f"CONSUMER.INFO.{ADVISORY_STREAM}.{durable}")
+            if _not_found(info):
+                await js.add_consumer(
+                    ADVISORY_STREAM,
+                    ConsumerConfig(
+                        durable_name=durable,
+                        deliver_policy=DeliverPolicy.ALL,
+                        ack_policy=AckPolicy.EXPLICIT,
+                        ack_wait=self.adapter.drain_ack_wait_s,
+                        max_deliver=-1,  # never let our own consumer emit MAX_DELIVERIES
+                        filter_subject=subject,
+                        description=f"Dead Letter Office ingest of {self.address}",
+                    ),
+                )
+            elif "error" in info:
+                raise nats.js.errors.APIError.from_error(info["error"])
+            subs.append(await js.pull_subscribe_bind(durable, ADVISORY_STREAM))
+        return subs
+
+    def fetch(self, max_batch: int, wait_s: float) -> list[DeadLetter]:
+        try:
+            return self._call(self._fetch(max(1, max_batch), max(wait_s, 0.2)))
+        except Exception as exc:
+            raise _broker_error(exc, f"fetch {self.address}") from None
+
+    async def _pull(self, index: int, batch: int, wait_s: float) -> list[Msg]:
+        try:
+            msgs: list[Msg] = await self.subs[index].fetch(batch, timeout=wait_s)
+        except TimeoutError:
+            return []
+        return msgs
+
+    async def _fetch(self, batch: int, wait_s: float) -> list[DeadLetter]:
+        if not self._buffer:
+            await self._pull_some(batch, wait_s)
+        msgs, self._buffer = self._buffer[:batch], self._buffer[batch:]
+        api = _Api(self.nc, self.timeout, self.adapter.max_in_flight)
+        letters = await asyncio.gather(*(self._letter(api, msg) for msg in msgs))
+        for msg in msgs:
+            self._outstanding[id(msg)] = msg
+        return list(letters)
+
+    async def _pull_some(self, batch: int, wait_s: float) -> None:
+        """1. Start a pull on every consumer that has none running. 2. Wait until one returns
+        messages (or all come back empty). A pull still running is not cancelled (it may hold
+        messages already): the next fetch resumes it. Results wait in ``_buffer``."""
+        for index in range(len(self.subs)):
+            if index not in self._pulls:
+                self._pulls[index] = asyncio.ensure_future(self._pull(index, batch, wait_s))
+        deadline = time.monotonic() + wait_s + self.timeout
+        while self._pulls and not self._buffer:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            await asyncio.wait(
+                self._pulls.values(), timeout=remaining, return_when=asyncio.FIRST_COMPLETED
+            )
+            for index, task in list(self._pulls.items()):
+                if task.done():
+                    del self._pulls[index]
+                    self._buffer.extend(task.result())
+
+    async def _letter(self, api: _Api, msg: Msg) -> DeadLetter:
+        advisory_seq = msg.metadata.sequence.stream
+        try:
+            advisory = json.loads(msg.data)
+            stream = str(advisory["stream"])
+            stream_seq = int(advisory["stream_seq"])
+        except (ValueError, KeyError, TypeError):
+            return DeadLetter(
+                dedupe_key=f"nats:{ADVISORY_STREAM}:{advisory_seq}",
+                body=bytes(msg.data),
+                headers={},
+                properties={"advisory_subject": msg.subject},
+                token=msg,
+                broker_id=f"{ADVISORY_STREAM}:{advisory_seq}",
+                reason="unparseable advisory (body is the advisory itself)",
+            )
+        if msg.subject.startswith(MAX_DELIVERIES_PREFIX):
+            reason = "max_deliveries"
+        else:
+            detail = advisory.get("reason")
+            reason = f"terminated: {detail}" if detail else "terminated"
+        body, headers, original_subject = b"", {}, None
+        response = await api.request(f"STREAM.MSG.GET.{stream}", {"seq": stream_seq})
+        if "error" in response:
+            error = response["error"]
+            if error.get("code") != 404:
+                raise nats.js.errors.APIError.from_error(error)
+            reason += "; the original message was no longer retained"
+        else:
+            message = response.get("message") or {}
+            original_subject = message.get("subject")
+            try:
+                body = base64.b64decode(message.get("data") or "")
+                raw_headers = base64.b64decode(message.get("hdrs") or "")
+            except (binascii.Error, ValueError) as exc:
+                raise BrokerError(
+                    f"nats: undecodable stored message {stream}#{stream_seq}: {exc}"
+                ) from None
+            headers = _parse_headers(raw_headers) if raw_headers else {}
+        return DeadLetter(
+            dedupe_key=f"nats:{stream}:{stream_seq}",
+            body=body,
+            headers=json_safe_headers(headers),
+            properties={
+                "stream": stream,
+                "stream_seq": stream_seq,
+                "consumer": advisory.get("consumer"),
+                "subject": original_subject,
+                "advisory_type": advisory.get("type"),
+                "advisory_id": advisory.get("id"),
+                "advisory_seq": advisory_seq,
+            },
+            token=msg,
+            broker_id=f"{stream}:{stream_seq}",
+            redelivery_count=_int_or_none(advisory.get("deliveries")),
+            reason=reason,
+            first_death_queue=advisory.get("consumer"),
+            dead_lettered_at=_parse_ts(advisory.get("timestamp")),
+        )
+
+    def ack(self, letters: Sequence[DeadLetter]) -> None:
+        msgs = [letter.token for letter in letters]
+
+        async def ack_all() -> None:
+            # ack_sync: the server confirms, so a reopened session will not see them again.
+            await asyncio.gather(*(m.ack_sync(timeout=self.timeout) for m in msgs))
+
+        try:
+            self._call(ack_all())
+        except Exception as exc:
+            raise _broker_error(exc, f"ack {self.address}") from None
+        for msg in msgs:
+            self._outstanding.pop(id(msg), None)
+
+    def close(self) -> None:
+        pending = [*self._outstanding.values(), *self._buffer]
+        self._outstanding.clear()
+        self._buffer.clear()
+        pulls = list(self._pulls.values())
+        self._pulls.clear()
+
+        async def hand_back() -> None:
+            # A pull cut short may lose what it held until ack_wait; nak the rest right now.
+            for task in pulls:
+                task.cancel()
+            await asyncio.gather(*pulls, return_exceptions=True)
+            # Drop our inboxes' interest first, so a pull request still open on the server
+            # cannot take the redelivery of what we nak next.
+            await asyncio.gather(*(sub.unsubscribe() for sub in self.subs), return_exceptions=True)
+            await self.nc.flush(timeout=max(1, round(self.timeout)))
+            await asyncio.gather(*(m.nak() for m in pending), return_exceptions=True)
+            await self.nc.flush(timeout=max(1, round(self.timeout)))
+
+        self._close_session(hand_back)
+
+
+def _header_text(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value, default=repr)
+
+
+class NatsPublisher(_LoopSession, Publisher):
+    """JetStream publish to ``target.name`` as the subject, waiting for each PubAck."""
+
+    def __init__(self, adapter: NatsJetStreamAdapter, target: Address) -> None:
+        self.subject = target.name
+        super().__init__(adapter)
+        self.js = self.nc.jetstream(timeout=self.timeout)
+
+    def publish(self, messages: Sequence[OutgoingMessage]) -> list[PublishOutcome]:
+        async def publish_all() -> list[PublishOutcome]:
+            outcomes: list[PublishOutcome] = []
+            for start in range(0, len(messages), PUBLISH_WINDOW):
+                window = messages[start : start + PUBLISH_WINDOW]
+                outcomes.extend(await asyncio.gather(*(self._one(m) for m in window)))
+            return outcomes
+
+        return self._call(publish_all())
+
+    def _headers(self, message: OutgoingMessage) -> dict[str, str] | str:
+        """NATS headers, or the reason they cannot be sent (CR/LF would break the framing)."""
+        headers = {str(k): _header_text(v) for k, v in message.headers.items()}
+        for key, value in headers.items():
+            if not _HEADER_NAME.match(key) or "\r" in value or "\n" in value:
+                return f"header {key!r} cannot be carried by NATS (name or CR/LF in value)"
+        replay_id = headers.get("x-dlq-replay-id")
+        if replay_id:
+            headers["Nats-Msg-Id"] = replay_id  # server-side dedup within duplicate_window
+        return headers
+
+    async def _one(self, message: OutgoingMessage) -> PublishOutcome:
+        headers = self._headers(message)
+        if isinstance(headers, str):
+            return PublishOutcome(key=message.key, confirmed=False, reason=headers, permanent=True)
+        try:
+            ack = await self.js.publish(
+                self.subject, message.body, timeout=self.timeout, headers=headers or None
+            )
+        except nats.js.errors.NoStreamResponseError:
+            return PublishOutcome(
+                key=message.key,
+                confirmed=False,
+                reason=f"no responders: no stream captures subject {self.subject!r}",
+                permanent=True,
+            )
+        except Exception as exc:
+            error = _broker_error(exc, f"publish {self.subject}")
+            return PublishOutcome(
+                key=message.key, confirmed=False, reason=str(error), permanent=error.permanent
+            )
+        return PublishOutcome(
+            key=message.key,
+            confirmed=True,
+            reason="duplicate (already stored within the dedup window)" if ack.duplicate else "",
+        )
+
+    def close(self) -> None:
+        self._close_session()

@@ -1,0 +1,321 @@
+"""NatsJetStreamAdapter against the real NATS (JetStream) on loopback.
+
+Each test creates uniquely named streams and consumers and deletes them; DLO_ADVISORIES (the
+dashboard-owned advisory stream) is left in place, as in production.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any, TypeVar
+
+import nats
+import pytest
+from nats.aio.client import Client as NATS
+from nats.js.api import AckPolicy, ConsumerConfig
+
+from brokers.base import Address, BrokerError, OutgoingMessage
+from brokers.nats_jetstream import ADVISORY_STREAM, NatsJetStreamAdapter
+
+URL = os.environ.get("DLO_TEST_NATS_URL", "nats://127.0.0.1:4222")
+T = TypeVar("T")
+
+pytestmark = pytest.mark.broker
+
+
+def _with_nats(work: Callable[[NATS], Awaitable[T]]) -> T:
+    async def run() -> T:
+        nc = await nats.connect(URL, connect_timeout=2, allow_reconnect=False)
+        try:
+            return await work(nc)
+        finally:
+            await nc.close()
+
+    return asyncio.run(run())
+
+
+@pytest.fixture
+def nats_streams() -> Iterator[list[str]]:
+    """Unique stream names; every one is deleted afterwards (with its consumers)."""
+    try:
+        _with_nats(lambda nc: nc.jetstream().account_info())
+    except Exception as exc:
+        if os.environ.get("CI"):
+            pytest.fail(f"NATS JetStream not reachable at {URL}: {exc!r}")
+        pytest.skip(f"NATS JetStream not reachable at {URL}: {exc!r}")
+    names: list[str] = []
+    yield names
+
+    async def cleanup(nc: NATS) -> None:
+        js = nc.jetstream()
+        for name in names:
+            with contextlib.suppress(nats.js.errors.NotFoundError):
+                await js.delete_stream(name)
+        with contextlib.suppress(nats.js.errors.NotFoundError):
+            # our drain consumers on DLO_ADVISORIES for these streams
+            for consumer in await js.consumers_info(ADVISORY_STREAM):
+                if any(f"_{n}_" in consumer.name for n in names):
+                    await js.delete_consumer(ADVISORY_STREAM, consumer.name)
+
+    _with_nats(cleanup)
+
+
+def _stream(names: list[str]) -> tuple[str, str]:
+    """Create a stream ``DLOT_<hex>`` on ``dlot.<hex>.>``; return (name, subject prefix)."""
+    token = uuid.uuid4().hex[:12]
+    name, prefix = f"DLOT_{token}", f"dlot.{token}"
+    names.append(name)
+
+    async def create(nc: NATS) -> None:
+        await nc.jetstream().add_stream(name=name, subjects=[f"{prefix}.>"])
+
+    _with_nats(create)
+    return name, prefix
+
+
+@pytest.fixture
+def adapter() -> NatsJetStreamAdapter:
+    return NatsJetStreamAdapter(URL, timeout=2.0)
+
+
+def test_poll_samples_consumer_state_exactly(
+    adapter: NatsJetStreamAdapter, nats_streams: list[str]
+) -> None:
+    stream, prefix = _stream(nats_streams)
+
+    async def setup(nc: NATS) -> None:
+        js = nc.jetstream()
+        for i in range(10):
+            await js.publish(f"{prefix}.a", f"m{i}".encode())
+        await js.add_consumer(
+            stream, ConsumerConfig(durable_name="work", ack_policy=AckPolicy.EXPLICIT)
+        )
+        sub = await js.pull_subscribe_bind("work", stream)
+        msgs = await sub.fetch(4, timeout=2)
+        assert len(msgs) == 4
+        await msgs[0].ack_sync()
+        await msgs[1].ack_sync()
+        await msgs[2].nak()
+        await nc.flush()
+        redelivered = await sub.fetch(1, timeout=2)  # m2 again: counted as redelivered
+        assert redelivered[0].metadata.num_delivered == 2
+
+    _with_nats(setup)
+    address = Address(stream, "work")
+    result = adapter.poll([address, Address(stream)])
+
+    sample = result.stats[address]
+    assert sample.exists is True
+    assert sample.backlog == 6
+    assert sample.in_flight == 2
+    assert sample.redelivered == 1
+    assert sample.retained == 10
+    assert sample.produced == 10
+    assert sample.delivered == 4
+    assert sample.acked == 2
+    assert sample.consumers is None  # a pull consumer with no waiting request: unknown
+    assert sample.oldest_unacked_age_s is None
+    stream_only = result.stats[Address(stream)]
+    assert stream_only.retained == 10
+    assert stream_only.oldest_message_age_s is not None
+    assert result.errors == []
+
+
+def test_poll_round_trips_grow_with_streams_not_consumers(
+    adapter: NatsJetStreamAdapter, nats_streams: list[str]
+) -> None:
+    stream, _prefix = _stream(nats_streams)
+
+    async def setup(nc: NATS) -> None:
+        for i in range(20):
+            await nc.jetstream().add_consumer(
+                stream, ConsumerConfig(durable_name=f"c{i}", ack_policy=AckPolicy.EXPLICIT)
+            )
+
+    _with_nats(setup)
+    addresses = [Address(stream, f"c{i}") for i in range(20)]
+
+    result = adapter.poll(addresses)
+
+    assert all(s.exists and s.backlog == 0 for s in result.stats.values())
+    listing = result.round_trips - 1  # minus the consumer list of our stream
+    assert 1 <= listing <= 1 + adapter.max_pages  # stream-list pages only
+
+
+def test_missing_stream_or_consumer_is_not_there(
+    adapter: NatsJetStreamAdapter, nats_streams: list[str]
+) -> None:
+    stream, _prefix = _stream(nats_streams)
+    missing_stream = Address(f"DLOT_absent_{uuid.uuid4().hex[:8]}", "c")
+    missing_consumer = Address(stream, "nobody")
+
+    result = adapter.poll([missing_stream, missing_consumer])
+    topology = adapter.inspect([missing_stream, missing_consumer])
+
+    assert result.stats[missing_stream].exists is False
+    assert result.stats[missing_consumer].exists is False
+    assert result.stats[missing_consumer].backlog is None
+    assert topology[missing_stream].exists is False
+    assert topology[missing_consumer].exists is False
+
+
+def test_inspect_reports_consumer_limits(
+    adapter: NatsJetStreamAdapter, nats_streams: list[str]
+) -> None:
+    stream, _prefix = _stream(nats_streams)
+
+    async def setup(nc: NATS) -> None:
+        await nc.jetstream().add_consumer(
+            stream,
+            ConsumerConfig(
+                durable_name="limited",
+                ack_policy=AckPolicy.EXPLICIT,
+                max_deliver=5,
+                max_ack_pending=50,
+            ),
+        )
+
+    _with_nats(setup)
+    topology = adapter.inspect([Address(stream, "limited")])[Address(stream, "limited")]
+
+    assert topology.exists is True
+    assert topology.kind == "jetstream"
+    assert topology.ack_policy == "explicit"
+    assert topology.delivery_limit == 5
+    assert topology.max_ack_pending == 50
+    assert topology.dead_letter_target == ""
+    assert topology.overflow == "drop-head"
+    assert topology.raw["consumer"]["max_deliver"] == 5
+    assert topology.raw["stream"]["name"] == stream
+
+
+def test_unreachable_port_is_a_transient_broker_error() -> None:
+    started = time.monotonic()
+    with pytest.raises(BrokerError) as caught:
+        NatsJetStreamAdapter("nats://127.0.0.1:1", timeout=2.0).poll([Address("S", "c")])
+    assert caught.value.permanent is False
+    assert time.monotonic() - started < 10  # bounded by the timeout, not hanging
+
+
+def test_malformed_url_is_a_permanent_broker_error() -> None:
+    with pytest.raises(BrokerError) as caught:
+        NatsJetStreamAdapter("http://127.0.0.1:4222").ping()
+    assert caught.value.permanent is True
+
+
+HOSTILE = [b"\xff\xfe not utf-8", b"nul\x00inside", os.urandom(1024 * 1024 - 4096)]
+
+
+def _dead_letter(stream: str, prefix: str) -> None:
+    """Publish HOSTILE; m0 and m1 exceed max_deliver=2 (nak twice), m2 is terminated."""
+
+    async def work(nc: NATS) -> None:
+        js = nc.jetstream()
+        for i, body in enumerate(HOSTILE):
+            await js.publish(f"{prefix}.a", body, headers={"idem": f"key-{i}", "bin": "x"})
+        await js.add_consumer(
+            stream,
+            ConsumerConfig(durable_name="app", ack_policy=AckPolicy.EXPLICIT, max_deliver=2),
+        )
+        sub = await js.pull_subscribe_bind("app", stream)
+        for _ in range(5):  # m0, m1, m2, then m0 and m1 redelivered
+            for msg in await sub.fetch(1, timeout=2):
+                if msg.data == HOSTILE[2]:
+                    await msg.term()
+                else:
+                    await msg.nak()
+        # On 2.9 the MAX_DELIVERIES advisory fires when the server next tries to deliver.
+        with pytest.raises(nats.errors.TimeoutError):
+            await sub.fetch(1, timeout=1)
+        await nc.flush()
+
+    _with_nats(work)
+
+
+def test_drain_reads_advisories_with_original_bytes_and_stable_keys(
+    adapter: NatsJetStreamAdapter, nats_streams: list[str]
+) -> None:
+    stream, prefix = _stream(nats_streams)
+    address = Address(stream, "app")
+    adapter.prepare_drain(address)
+    adapter.prepare_drain(address)  # idempotent
+    _dead_letter(stream, prefix)
+
+    with adapter.drain(address) as session:
+        first = session.fetch(max_batch=10, wait_s=2.0)
+        if len(first) < 3:
+            first += session.fetch(max_batch=10, wait_s=2.0)
+    with adapter.drain(address) as session:  # closed without ack: they come back
+        again = session.fetch(max_batch=10, wait_s=2.0)
+        if len(again) < 3:
+            again += session.fetch(max_batch=10, wait_s=2.0)
+        session.ack(again)
+    with adapter.drain(address) as session:
+        after_ack = session.fetch(max_batch=10, wait_s=0.5)
+
+    by_key = {letter.dedupe_key: letter for letter in first}
+    assert sorted(by_key) == sorted(f"nats:{stream}:{seq}" for seq in (1, 2, 3))
+    assert sorted(letter.dedupe_key for letter in again) == sorted(by_key)
+    assert after_ack == []
+    for seq, body in enumerate(HOSTILE, start=1):
+        letter = by_key[f"nats:{stream}:{seq}"]
+        assert letter.body == body
+        assert letter.headers["idem"] == f"key-{seq - 1}"
+        assert letter.dead_lettered_at is not None
+    assert by_key[f"nats:{stream}:1"].reason == "max_deliveries"
+    assert by_key[f"nats:{stream}:1"].redelivery_count == 2
+    assert by_key[f"nats:{stream}:3"].reason is not None
+    assert by_key[f"nats:{stream}:3"].reason.startswith("terminated")
+    assert by_key[f"nats:{stream}:3"].redelivery_count == 1
+
+
+def test_drain_reports_originals_gone_from_retention(
+    adapter: NatsJetStreamAdapter, nats_streams: list[str]
+) -> None:
+    stream, prefix = _stream(nats_streams)
+    address = Address(stream, "app")
+    adapter.prepare_drain(address)
+    _dead_letter(stream, prefix)
+    _with_nats(lambda nc: nc.jetstream().purge_stream(stream))
+
+    with adapter.drain(address) as session:
+        letters = session.fetch(max_batch=10, wait_s=2.0)
+        session.ack(letters)
+
+    assert letters
+    assert all(letter.body == b"" for letter in letters)
+    assert all("no longer retained" in (letter.reason or "") for letter in letters)
+
+
+def test_publisher_confirms_with_dedup_and_reports_no_responders(
+    adapter: NatsJetStreamAdapter, nats_streams: list[str]
+) -> None:
+    stream, prefix = _stream(nats_streams)
+    messages = [
+        OutgoingMessage(key=f"k{i}", body=body, headers={"x-dlq-replay-id": f"r{i}"})
+        for i, body in enumerate(HOSTILE)
+    ]
+
+    with adapter.publisher(Address(f"{prefix}.replay")) as publisher:
+        outcomes = publisher.publish(messages)
+        duplicate = publisher.publish(messages[:1])
+    with adapter.publisher(Address(f"nobody.listens.{uuid.uuid4().hex}")) as publisher:
+        orphan = publisher.publish([OutgoingMessage(key="o", body=b"x", headers={})])
+
+    assert [(o.key, o.confirmed) for o in outcomes] == [("k0", True), ("k1", True), ("k2", True)]
+    assert duplicate[0].confirmed is True and "duplicate" in duplicate[0].reason
+    assert orphan[0].confirmed is False and "no responders" in orphan[0].reason
+
+    async def read_back(nc: NATS) -> list[Any]:
+        js = nc.jetstream()
+        return [await js.get_msg(stream, seq) for seq in (1, 2, 3)]
+
+    stored = _with_nats(read_back)
+    assert [m.data for m in stored] == HOSTILE
+    assert stored[0].headers["Nats-Msg-Id"] == "r0"
+    assert _with_nats(lambda nc: nc.jetstream().stream_info(stream)).state.messages == 3
