@@ -256,8 +256,8 @@ def import_registry(text: str, *, actor: Actor, check_only: bool = False) -> Imp
             form_data = _form_data(Channel, CHANNEL_FIELDS, item)
             form_data["broker"] = broker_obj.pk
             channel_form = ChannelForm(data=form_data, instance=existing_ch)
-            if not form.is_valid():
-                problems += _form_problems(form, lines, line, label)
+            if not channel_form.is_valid():
+                problems += _form_problems(channel_form, lines, line, label)
                 continue
             before = (
                 Channel.objects.get(pk=existing_ch.pk).audit_snapshot() if existing_ch else None

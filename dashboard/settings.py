@@ -116,6 +116,8 @@ TEMPLATES = [
         "DIRS": [BASE_DIR / "templates"],
         "APP_DIRS": True,
         "OPTIONS": {
+            # {% partialdef %} everywhere: pages and their htmx/websocket partials are one file.
+            "builtins": ["template_partials.templatetags.partials"],
             "context_processors": [
                 "django.template.context_processors.request",
                 "django.contrib.auth.context_processors.auth",
@@ -175,6 +177,10 @@ STORAGES = {
         )
     },
 }
+
+# Outside production WhiteNoise serves straight from the app and project static folders.
+WHITENOISE_USE_FINDERS = not PRODUCTION
+WHITENOISE_AUTOREFRESH = not PRODUCTION
 
 REDIS_URL = os.environ.get("REDIS_URL", "")
 CACHES = {

@@ -1,0 +1,160 @@
+"""Declaring brokers and channels in the admin: validation, findings, audit, secrets."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import User
+
+from audit.models import AuditEvent
+from channels_registry.models import Broker, Channel
+from tests.conftest import GOOD_CONTRACT, client_for, make_broker, make_channel
+
+pytestmark = pytest.mark.django_db
+
+
+def channel_post(broker: Broker, **overrides: Any) -> dict[str, Any]:
+    data: dict[str, Any] = {
+        "broker": broker.pk,
+        "name": "Orders",
+        "slug": "orders",
+        "address": "orders",
+        "owner_team": "payments",
+        "enabled": "on",
+        "dedup_scope": "per-medium",
+        "redact_json_paths": "$.customer.email",
+        "redact_headers": "",
+    }
+    for key, value in GOOD_CONTRACT.items():
+        if isinstance(value, bool):
+            if value:
+                data[key] = "on"
+        elif isinstance(value, list):
+            data[key] = value
+        else:
+            data[key] = value
+    data["dedup_scope"] = "per-message"
+    data["dedup_store_shared"] = "on"
+    data["dlq_records_reason"] = "on"
+    data.update(overrides)
+    return {k: v for k, v in data.items() if v is not None}
+
+
+def test_registry_admin_declares_a_broker_with_a_secret_never_rendered(
+    registry_admin: User,
+) -> None:
+    client = client_for(registry_admin)
+    response = client.post(
+        "/admin/channels_registry/broker/add/",
+        {
+            "name": "rabbit",
+            "kind": "rabbitmq",
+            "url_env": "",
+            "url_secret": "amqp://svc:hunter2@mq.internal:5672/%2F",
+            "management_url": "",
+            "enabled": "on",
+            "poll_interval_s": 15,
+        },
+    )
+    assert response.status_code == 302, response.content.decode()[:2000]
+    broker = Broker.objects.get(name="rabbit")
+    assert broker.connection_url().endswith("@mq.internal:5672/%2F")
+    page = client.get(f"/admin/channels_registry/broker/{broker.pk}/change/").content.decode()
+    assert "hunter2" not in page
+    event = AuditEvent.objects.get(action="registry.broker.create")
+    assert "hunter2" not in str(event.after) and event.actor_username == "rita"
+    # Saving again with the secret left blank keeps it.
+    response = client.post(
+        f"/admin/channels_registry/broker/{broker.pk}/change/",
+        {
+            "name": "rabbit",
+            "kind": "rabbitmq",
+            "url_env": "",
+            "url_secret": "",
+            "management_url": "",
+            "enabled": "on",
+            "poll_interval_s": 30,
+        },
+    )
+    assert response.status_code == 302
+    broker.refresh_from_db()
+    assert "hunter2" in broker.url_secret and broker.poll_interval_s == 30
+    update = AuditEvent.objects.get(action="registry.broker.update")
+    assert update.changes == {"poll_interval_s": [15, 30]}
+
+
+def test_broker_field_errors_are_clear(registry_admin: User) -> None:
+    response = client_for(registry_admin).post(
+        "/admin/channels_registry/broker/add/",
+        {
+            "name": "r",
+            "kind": "redis",
+            "url_env": "",
+            "url_secret": "amqp://x",
+            "management_url": "http://x",
+            "poll_interval_s": 1,
+        },
+    )
+    page = response.content.decode()
+    assert response.status_code == 200
+    assert "A Redis Streams URL starts with redis://" in page
+    assert "Only RabbitMQ brokers use a management URL." in page
+    assert "Ensure this value is greater than or equal to 5." in page
+    assert not Broker.objects.exists()
+
+
+def test_channel_declared_in_admin_gets_findings_and_audit(registry_admin: User) -> None:
+    broker = make_broker()
+    client = client_for(registry_admin)
+    response = client.post(
+        "/admin/channels_registry/channel/add/",
+        channel_post(broker, semantic="", alert_dlq_depth=""),
+    )
+    assert response.status_code == 302, response.content.decode()[:3000]
+    channel = Channel.objects.get(slug="orders")
+    assert channel.error_count == 2
+    assert {f["code"] for f in channel.findings} >= {"semantic-unstated", "dlq-no-alert"}
+    assert channel.redact_json_paths == ["$.customer.email"]
+    change_page = client.get(f"/admin/channels_registry/channel/{channel.pk}/change/")
+    assert "The delivery semantic is not stated." in change_page.content.decode()
+    event = AuditEvent.objects.get(action="registry.channel.create")
+    assert event.channel_slug == "orders"
+    assert "semantic-unstated" in event.after["findings"]
+
+
+def test_channel_field_errors_are_clear(registry_admin: User) -> None:
+    broker = make_broker(kind="redis", url_env="REDIS_URL")
+    response = client_for(registry_admin).post(
+        "/admin/channels_registry/channel/add/",
+        channel_post(
+            broker,
+            address_group="",
+            idempotency_source="json-path",
+            idempotency_key="order.id",
+            backoff_factor="0.5",
+            dlq_address="orders",
+        ),
+    )
+    page = response.content.decode()
+    assert response.status_code == 200
+    assert "A Redis Streams channel needs its consumer group." in page
+    assert "A JSON path starts with $." in page
+    assert "A backoff factor below 1 shrinks the delay" in page
+    assert "Must differ from the channel&#x27;s own address." in page
+    assert not Channel.objects.exists()
+
+
+def test_channel_delete_is_audited(registry_admin: User) -> None:
+    channel = make_channel()
+    response = client_for(registry_admin).post(
+        f"/admin/channels_registry/channel/{channel.pk}/delete/", {"post": "yes"}
+    )
+    assert response.status_code == 302
+    event = AuditEvent.objects.get(action="registry.channel.delete")
+    assert event.target_id == str(channel.pk) and event.before["address"] == "orders"
+
+
+def test_viewer_cannot_use_the_admin(viewer: User) -> None:
+    response = client_for(viewer).get("/admin/channels_registry/channel/add/")
+    assert response.status_code == 302  # to the login page: not staff

@@ -1,0 +1,173 @@
+"""Declarations as code: export, idempotent import, --check, line-precise errors, atomicity."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+from django.core.management import call_command
+from django.core.management.base import CommandError
+
+from audit.models import AuditEvent
+from channels_registry.models import Broker, Channel
+from tests.conftest import make_broker, make_channel
+
+pytestmark = pytest.mark.django_db
+
+GOOD_FILE = """\
+version: 1
+brokers:
+  - name: main-rabbit
+    kind: rabbitmq
+    url_env: RABBITMQ_URL
+    management_url: http://127.0.0.1:15672
+channels:
+  - slug: orders
+    name: Orders
+    broker: main-rabbit
+    address: orders
+    owner_team: payments
+    semantic: at-least-once
+    ordering: per-key
+    ordering_key: order_id
+    ordering_rationale: per order
+    idempotency_source: header
+    idempotency_key: Idempotency-Key
+    dedup_ttl_s: 86400
+    mark_in_transaction: true
+    retry_max_attempts: 5
+    retry_ttl_s: 1800
+    backoff_base_s: 1
+    backoff_factor: 2
+    backoff_cap_s: 60
+    backoff_jitter: true
+    max_in_flight: 50
+    dlq_strategies: [ttl-with-backoff, poison-queue, dlq-alert]
+    dlq_address: orders.dlq
+    poison_address: orders.poison
+    retention_s: 604800
+    schema_name: orders.OrderPlaced
+    schema_version: "3"
+    alert_dlq_depth: 0
+    alert_lag_messages: 10000
+    redact_headers: [authorization]
+"""
+
+
+def write(tmp_path: Path, text: str) -> str:
+    path = tmp_path / "channels.yaml"
+    path.write_text(text)
+    return str(path)
+
+
+def test_import_creates_then_is_idempotent(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = write(tmp_path, GOOD_FILE)
+    call_command("registry", "import", path)
+    assert "2 created, 0 updated, 0 unchanged" in capsys.readouterr().out
+    channel = Channel.objects.get(slug="orders")
+    assert channel.broker.name == "main-rabbit" and channel.error_count == 0
+    assert channel.redact_headers == ["authorization"]
+    events = AuditEvent.objects.filter(action__startswith="registry.").count()
+    assert AuditEvent.objects.filter(actor_username="registry-import").count() == events == 2
+    call_command("registry", "import", path)
+    assert "0 created, 0 updated, 2 unchanged" in capsys.readouterr().out
+    assert AuditEvent.objects.filter(action__startswith="registry.").count() == 2
+
+
+def test_import_updates_and_audits_the_diff(tmp_path: Path) -> None:
+    call_command("registry", "import", write(tmp_path, GOOD_FILE))
+    call_command(
+        "registry",
+        "import",
+        write(tmp_path, GOOD_FILE.replace("retry_max_attempts: 5", "retry_max_attempts: 7")),
+    )
+    event = AuditEvent.objects.get(action="registry.channel.update")
+    assert event.changes["retry_max_attempts"] == [5, 7]
+
+
+def test_export_round_trips(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    broker = make_broker(url_secret="amqp://u:topsecret@h/%2F", url_env="")
+    make_channel(broker)
+    capsys.readouterr()
+    call_command("registry", "export")
+    exported = capsys.readouterr().out
+    assert "topsecret" not in exported
+    data = yaml.safe_load(exported)
+    assert data["channels"][0]["slug"] == "orders"
+    call_command("registry", "import", write(tmp_path, exported))
+    assert "0 created, 0 updated, 2 unchanged" in capsys.readouterr().out
+
+
+def test_bad_file_gets_line_precise_errors_and_nothing_is_imported(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad = (
+        GOOD_FILE.replace("semantic: at-least-once", "semantic: at-least-twice")
+        .replace("backoff_factor: 2", "backoff_factor: 0.5")
+        .replace("owner_team: payments", "owner_team: payments\n    colour: blue")
+    )
+    path = write(tmp_path, bad)
+    with pytest.raises(CommandError, match="3 problem"):
+        call_command("registry", "import", path)
+    err = capsys.readouterr().err
+    lines = bad.splitlines()
+    semantic_line = next(i for i, s in enumerate(lines, 1) if "at-least-twice" in s)
+    colour_line = next(i for i, s in enumerate(lines, 1) if "colour" in s)
+    factor_line = next(i for i, s in enumerate(lines, 1) if "backoff_factor" in s)
+    assert (
+        f"channels.yaml:{semantic_line}: channel 'orders': semantic: Select a valid choice" in err
+    )
+    assert f"channels.yaml:{colour_line}: channel 'orders': unknown field 'colour'" in err
+    assert f"channels.yaml:{factor_line}: channel 'orders': backoff_factor:" in err
+    # The broker in the same file was valid, but nothing is half-imported.
+    assert not Broker.objects.exists() and not Channel.objects.exists()
+    assert not AuditEvent.objects.exists()
+
+
+def test_unknown_broker_and_yaml_syntax_errors(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(CommandError):
+        call_command(
+            "registry",
+            "import",
+            write(tmp_path, GOOD_FILE.replace("broker: main-rabbit", "broker: nope")),
+        )
+    assert "broker 'nope' is not declared" in capsys.readouterr().err
+    with pytest.raises(CommandError):
+        call_command("registry", "import", write(tmp_path, "brokers:\n  - name: [unclosed\n"))
+    assert "channels.yaml:3: not valid YAML" in capsys.readouterr().err
+
+
+def test_secrets_are_refused_in_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    text = GOOD_FILE.replace("url_env: RABBITMQ_URL", "url_secret: amqp://u:p@h/")
+    with pytest.raises(CommandError):
+        call_command("registry", "import", write(tmp_path, text))
+    assert "url_secret is not accepted in files" in capsys.readouterr().err
+
+
+def test_check_validates_without_writing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    call_command("registry", "import", "--check", write(tmp_path, GOOD_FILE))
+    assert "would import: 2 created" in capsys.readouterr().out
+    assert not Channel.objects.exists() and not AuditEvent.objects.exists()
+    risky = GOOD_FILE.replace("    alert_dlq_depth: 0\n", "")
+    with pytest.raises(CommandError, match="declaration checks found errors"):
+        call_command("registry", "import", "--check", write(tmp_path, risky))
+    assert "orders: error P10 dlq-no-alert" in capsys.readouterr().out
+    assert not Channel.objects.exists()
+
+
+def test_import_as_a_named_user(tmp_path: Path, registry_admin: object) -> None:
+    call_command("registry", "import", "--actor", "rita", write(tmp_path, GOOD_FILE))
+    assert set(
+        AuditEvent.objects.filter(action__startswith="registry.").values_list(
+            "actor_username", flat=True
+        )
+    ) == {"rita"}
+    with pytest.raises(CommandError, match="no user named"):
+        call_command("registry", "import", "--actor", "ghost", write(tmp_path, GOOD_FILE))

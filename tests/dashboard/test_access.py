@@ -1,0 +1,129 @@
+"""Sign-in, roles, read-only registry pages, health check and security headers."""
+
+from __future__ import annotations
+
+import pytest
+from django.contrib.auth.models import Group, User
+from django.core.management import call_command
+from django.test import Client
+
+from audit.models import AuditEvent
+from tests.conftest import PASSWORD, client_for, make_broker, make_channel
+
+pytestmark = pytest.mark.django_db
+
+
+def test_roles_exist_with_their_permissions() -> None:
+    perms = {
+        g.name: {f"{p.content_type.app_label}.{p.codename}" for p in g.permissions.all()}
+        for g in Group.objects.prefetch_related("permissions__content_type")
+    }
+    assert set(perms) >= {"viewer", "oncall", "compliance", "registry_admin"}
+    assert "channels_registry.view_channel" in perms["viewer"]
+    assert "channels_registry.change_channel" not in perms["viewer"]
+    assert "channels_registry.change_channel" in perms["registry_admin"]
+    assert "audit.export_auditevent" in perms["compliance"]
+    assert "audit.export_auditevent" not in perms["oncall"]
+
+
+@pytest.mark.parametrize("url", ["/", "/channels/", "/channels/orders/", "/admin/"])
+def test_anonymous_users_are_sent_to_sign_in(url: str) -> None:
+    response = Client().get(url, follow=True)
+    assert response.redirect_chain and "/login/" in response.redirect_chain[-1][0]
+
+
+def test_login_and_logout_and_failures_are_audited(viewer: User) -> None:
+    client = Client()
+    assert client.post("/login/", {"username": "vera", "password": "wrong"}).status_code == 200
+    assert client.post("/login/", {"username": "vera", "password": PASSWORD}).status_code == 302
+    assert client.post("/logout/").status_code == 302
+    actions = list(AuditEvent.objects.values_list("action", "outcome"))
+    assert actions == [
+        ("auth.login_failed", "denied"),
+        ("auth.login", "success"),
+        ("auth.logout", "success"),
+    ]
+
+
+def test_failed_logins_are_rate_limited(viewer: User) -> None:
+    client = Client()
+    for _ in range(5):
+        client.post("/login/", {"username": "vera", "password": "wrong"})
+    response = client.post("/login/", {"username": "vera", "password": PASSWORD})
+    assert response.status_code == 200
+    assert "Too many failed sign-in attempts" in response.content.decode()
+    assert "_auth_user_id" not in client.session
+    assert AuditEvent.objects.filter(action="auth.login_throttled").count() == 1
+
+
+def test_outsider_without_a_role_is_refused(outsider: User) -> None:
+    assert client_for(outsider).get("/channels/").status_code == 403
+
+
+def test_channel_list_empty_state_explains_how_to_declare(viewer: User) -> None:
+    page = client_for(viewer).get("/channels/").content.decode()
+    assert "No channels declared yet" in page
+    assert "registry import" in page
+
+
+def test_channel_list_and_page_show_declaration_and_findings(viewer: User) -> None:
+    make_channel(semantic="", description="<script>alert(1)</script>")
+    client = client_for(viewer)
+    page = client.get("/channels/").content.decode()
+    assert "Orders" in page and "1 error" in page
+    assert "Declare a channel" not in page  # viewers do not declare
+    detail = client.get("/channels/orders/").content.decode()
+    assert "The delivery semantic is not stated." in detail
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in detail
+    assert "<script>alert(1)" not in detail
+    assert "Edit declaration" not in detail
+
+
+def test_channel_list_filters_and_htmx_partial(viewer: User) -> None:
+    broker = make_broker()
+    make_channel(broker)
+    make_channel(broker, name="Billing", slug="billing", address="billing", owner_team="ledger")
+    client = client_for(viewer)
+    page = client.get("/channels/?team=ledger").content.decode()
+    assert "Billing" in page and ">Orders<" not in page
+    partial = client.get("/channels/?q=ord", headers={"HX-Request": "true"}).content.decode()
+    assert "Orders" in partial and "Billing" not in partial
+    assert "<html" not in partial
+
+
+def test_healthz_reports_the_database() -> None:
+    response = Client().get("/healthz")
+    assert response.status_code == 200
+    assert response.json() == {"status": "ok", "database": "ok"}
+
+
+def test_security_headers_and_htmx_config(viewer: User) -> None:
+    response = client_for(viewer).get("/channels/")
+    csp = response.headers["Content-Security-Policy"]
+    assert "script-src 'self'" in csp and "unsafe-eval" not in csp
+    assert "'unsafe-inline'" not in csp.split("script-src")[1].split(";")[0]
+    assert response.headers["X-Content-Type-Options"] == "nosniff"
+    assert response.headers["X-Frame-Options"] == "DENY"
+    page = response.content.decode()
+    for setting in [
+        '"allowEval":false',
+        '"allowScriptTags":false',
+        '"selfRequestsOnly":true',
+        '"historyCacheSize":0',
+    ]:
+        assert setting in page
+    assert "hx-headers" in page and "X-CSRFToken" in page
+    assert "<script>" not in page  # no inline scripts
+
+
+def test_firstrun_creates_one_admin_with_a_random_password(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    call_command("firstrun")
+    out = capsys.readouterr().out
+    password = out.split("Password: ")[1].split()[0]
+    assert len(password) >= 12
+    assert Client().login(username="admin", password=password)
+    call_command("firstrun")
+    assert "Users exist already" in capsys.readouterr().out
+    assert User.objects.count() == 1
