@@ -1,0 +1,14 @@
+# The dashboard image: web (daphne, ASGI), Celery worker and beat all run from it.
+FROM python:3.11-slim
+ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 DLO_ENV=production
+WORKDIR /app
+COPY requirements.lock pyproject.toml ./
+RUN pip install --no-cache-dir --require-hashes -r requirements.lock
+COPY . .
+RUN SECRET_KEY=build-only-build-only-build-only-build-only-build-only \
+    ALLOWED_HOSTS=localhost DATABASE_URL=postgres://build@localhost/build \
+    python manage.py collectstatic --noinput
+RUN useradd --system --uid 10001 dlo && chown -R dlo /app/staticfiles
+USER dlo
+EXPOSE 8000
+CMD ["daphne", "-b", "0.0.0.0", "-p", "8000", "--proxy-headers", "dashboard.asgi:application"]

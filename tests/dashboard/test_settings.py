@@ -1,0 +1,42 @@
+"""Production settings fail loudly on bad values and pass `check --deploy`."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import subprocess
+import sys
+
+import pytest
+
+BASE = {
+    "DLO_ENV": "production",
+    "ALLOWED_HOSTS": "dlo.example.com",
+    "DATABASE_URL": "postgres://postgres@127.0.0.1:5432/test",
+    "SECRET_KEY": secrets.token_urlsafe(60),
+}
+
+
+def manage(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    full_env = {k: v for k, v in os.environ.items() if k not in {"DATABASE_URL", "SECRET_KEY"}}
+    full_env.update(env)
+    return subprocess.run([sys.executable, "manage.py", *args], env=full_env, text=True,
+                          capture_output=True, timeout=120, check=False)
+
+
+def test_check_deploy_is_clean_with_production_settings() -> None:
+    result = manage("check", "--deploy", "--fail-level", "WARNING", **BASE)
+    assert result.returncode == 0, result.stderr + result.stdout
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ({"SECRET_KEY": "short"}, "SECRET_KEY must be at least 50 characters"),
+        ({"DATABASE_URL": "sqlite:///x.db"}, "Production needs PostgreSQL"),
+        ({"DEBUG": "maybe"}, "is not a boolean"),
+    ],
+)
+def test_bad_production_settings_fail_loudly(override: dict[str, str], message: str) -> None:
+    result = manage("check", **{**BASE, **override})
+    assert result.returncode != 0 and message in result.stderr
