@@ -20,8 +20,14 @@ BASE = {
 def manage(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
     full_env = {k: v for k, v in os.environ.items() if k not in {"DATABASE_URL", "SECRET_KEY"}}
     full_env.update(env)
-    return subprocess.run([sys.executable, "manage.py", *args], env=full_env, text=True,
-                          capture_output=True, timeout=120, check=False)
+    return subprocess.run(
+        [sys.executable, "manage.py", *args],
+        env=full_env,
+        text=True,
+        capture_output=True,
+        timeout=120,
+        check=False,
+    )
 
 
 def test_check_deploy_is_clean_with_production_settings() -> None:
