@@ -16,6 +16,8 @@ REGISTRY_ADMIN = "registry_admin"
 _VIEW = [
     "channels_registry.view_broker",
     "channels_registry.view_channel",
+    "dlq.view_deadletter",
+    "dlq.view_failuregroup",
 ]
 ROLE_PERMISSIONS: dict[str, list[str]] = {
     VIEWER: _VIEW,

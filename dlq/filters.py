@@ -1,0 +1,183 @@
+"""The one definition of "which entries": list page, API and (later) bulk actions all use it,
+so the count a page shows is exactly what a bulk action on that filter would act on.
+
+Pagination is keyset on ``id`` descending (``?after=<id>``): each page is an index range scan,
+never ``OFFSET``; there is no exact ``COUNT(*)`` per page, only an approximate total on the
+first page (see ``approximate_total``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+from collections.abc import Mapping
+from typing import Any
+from urllib.parse import urlencode
+
+from django.db import connection
+from django.db.models import QuerySet
+from django.utils import timezone
+from django.utils.dateparse import parse_date, parse_datetime
+
+from dlq.models import DeadLetter, Source, Status
+
+PAGE_SIZE = 50
+MAX_PAGE_SIZE = 200
+COUNT_CAP = 10_000
+MIN_SEARCH = 3  # shorter terms cannot use the trigram index
+
+
+def _parse_when(raw: str) -> dt.datetime | None:
+    raw = raw.strip()
+    if not raw:
+        return None
+    try:
+        value = parse_datetime(raw)
+        if value is None:
+            day = parse_date(raw)
+            value = dt.datetime.combine(day, dt.time()) if day else None
+    except ValueError:
+        return None
+    if value is not None and timezone.is_naive(value):
+        value = timezone.make_aware(value, dt.UTC)
+    return value
+
+
+def _parse_int(raw: str) -> int | None:
+    try:
+        value = int(raw)
+    except (TypeError, ValueError):
+        return None
+    return value if 0 < value < 2**63 else None
+
+
+@dataclasses.dataclass
+class EntryFilter:
+    channel: str = ""
+    source: str = ""
+    status: str = ""
+    group: int | None = None
+    reason: str = ""
+    since: dt.datetime | None = None
+    until: dt.datetime | None = None
+    idempotency_key: str = ""
+    q: str = ""
+    errors: list[str] = dataclasses.field(default_factory=list)
+
+    @classmethod
+    def from_params(cls, params: Mapping[str, Any]) -> EntryFilter:
+        def get(name: str) -> str:
+            return str(params.get(name, "") or "").strip()[:500]
+
+        f = cls(
+            channel=get("channel"),
+            source=get("source") if get("source") in Source.values else "",
+            status=get("status") if get("status") in Status.values else "",
+            group=_parse_int(get("group")),
+            reason=get("reason")[:100],
+            since=_parse_when(get("since")),
+            until=_parse_when(get("until")),
+            idempotency_key=get("key")[:255],
+            q=get("q")[:200],
+        )
+        if get("since") and f.since is None:
+            f.errors.append("'since' is not a date or date-time; ignored.")
+        if get("until") and f.until is None:
+            f.errors.append("'until' is not a date or date-time; ignored.")
+        if f.q and len(f.q) < MIN_SEARCH:
+            f.errors.append(f"Search needs at least {MIN_SEARCH} characters; ignored.")
+        return f
+
+    @property
+    def search(self) -> str:
+        return self.q.lower() if len(self.q) >= MIN_SEARCH else ""
+
+    @property
+    def is_empty(self) -> bool:
+        return not any(
+            [self.channel, self.source, self.status, self.group, self.reason, self.since]
+            + [self.until, self.idempotency_key, self.search]
+        )
+
+    def apply(self, entries: QuerySet[DeadLetter]) -> QuerySet[DeadLetter]:
+        if self.channel:
+            entries = entries.filter(channel__slug=self.channel)
+        if self.source:
+            entries = entries.filter(source=self.source)
+        if self.status:
+            entries = entries.filter(status=self.status)
+        if self.group:
+            entries = entries.filter(group_id=self.group)
+        if self.reason:
+            entries = entries.filter(reason=self.reason)
+        if self.since:
+            entries = entries.filter(dead_lettered_at__gte=self.since)
+        if self.until:
+            entries = entries.filter(dead_lettered_at__lt=self.until)
+        if self.idempotency_key:
+            entries = entries.filter(idempotency_key=self.idempotency_key)
+        if self.search:
+            # search_text is stored lower-cased; plain LIKE uses the trigram index.
+            entries = entries.filter(search_text__contains=self.search)
+        return entries
+
+    def params(self) -> dict[str, str]:
+        """The filter as URL parameters (only the set ones)."""
+        raw = {
+            "channel": self.channel,
+            "source": self.source,
+            "status": self.status,
+            "group": str(self.group or ""),
+            "reason": self.reason,
+            "since": self.since.isoformat() if self.since else "",
+            "until": self.until.isoformat() if self.until else "",
+            "key": self.idempotency_key,
+            "q": self.search,
+        }
+        return {k: v for k, v in raw.items() if v}
+
+    def query_string(self, **extra: Any) -> str:
+        return urlencode({**self.params(), **{k: v for k, v in extra.items() if v}})
+
+
+@dataclasses.dataclass
+class Page:
+    rows: list[DeadLetter]
+    next_after: int | None
+
+
+def keyset_page(entries: QuerySet[DeadLetter], after: int | None, size: int) -> Page:
+    """Up to ``size`` rows with ``id < after``, newest first, and the cursor of the next page."""
+    if after:
+        entries = entries.filter(id__lt=after)
+    rows = list(entries.order_by("-id")[: size + 1])
+    next_after = rows[size - 1].pk if len(rows) > size else None
+    return Page(rows[:size], next_after)
+
+
+@dataclasses.dataclass
+class Total:
+    value: int
+    exact: bool
+    capped: bool
+
+    def __str__(self) -> str:
+        if self.capped:
+            return f"more than {self.value:,}"
+        return f"{self.value:,}" if self.exact else f"about {self.value:,}"
+
+
+def approximate_total(entries: QuerySet[DeadLetter], f: EntryFilter) -> Total:
+    """Unfiltered on PostgreSQL: the planner's row estimate (free). Otherwise a count capped at
+    ``COUNT_CAP`` + 1 rows, so it costs at most that many index entries."""
+    if f.is_empty and connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT reltuples::bigint FROM pg_class WHERE oid = %s::regclass",
+                [DeadLetter._meta.db_table],
+            )
+            row = cursor.fetchone()
+        if row and row[0] is not None and row[0] >= 0:
+            return Total(int(row[0]), exact=False, capped=False)
+    count = entries.order_by().values("id")[: COUNT_CAP + 1].count()
+    return Total(min(count, COUNT_CAP), exact=True, capped=count > COUNT_CAP)

@@ -1,0 +1,36 @@
+"""Failure fingerprints: entries that failed the same way share one.
+
+fingerprint = sha256(channel id, reason, normalized error class, normalized error message),
+where normalizing strips what differs between occurrences of one failure: UUIDs, hex strings,
+quoted values and numbers, then collapses whitespace. ``OrderNotFound: order 4711 missing``
+and ``OrderNotFound: order 4712 missing`` fall into one group.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+
+_UUID = re.compile(r"\b[0-9a-fA-F]{8}(?:-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12}\b")
+_HEX = re.compile(r"\b(?:0x)?[0-9a-fA-F]*\d[0-9a-fA-F]*[a-fA-F][0-9a-fA-F]*\b|\b0x[0-9a-fA-F]+\b")
+_QUOTED = re.compile(r"'[^'\n]{0,200}'|\"[^\"\n]{0,200}\"|`[^`\n]{0,200}`")
+_NUMBER = re.compile(r"[-+]?\d+(?:[.,:]\d+)*")
+_SPACE = re.compile(r"\s+")
+
+MAX_INPUT = 2000  # only the head of a long message decides its group
+
+
+def normalize_error(text: str) -> str:
+    """The error text with its variable parts replaced by placeholders."""
+    text = text[:MAX_INPUT]
+    text = _UUID.sub("<uuid>", text)
+    text = _QUOTED.sub("<str>", text)
+    text = _HEX.sub("<hex>", text)
+    text = _NUMBER.sub("<n>", text)
+    return _SPACE.sub(" ", text).strip()[:500]
+
+
+def fingerprint(channel_id: int, reason: str, error_class: str, error_message: str) -> str:
+    parts = [str(channel_id), reason.strip().lower(), normalize_error(error_class)]
+    parts.append(normalize_error(error_message))
+    return hashlib.sha256("\x1f".join(parts).encode("utf-8", "replace")).hexdigest()

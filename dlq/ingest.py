@@ -1,0 +1,394 @@
+"""Moving dead letters from a broker into the database: nothing lost, nothing duplicated.
+
+Per channel and dead-letter address (``ingest_channel``):
+
+1. ``prepare_drain`` (idempotent), then open a manual-ack drain session.
+2. Fetch a bounded batch (``BATCH_SIZE``); an empty batch means drained.
+3. In ONE transaction: lock the channel row (one ingester per channel at a time), insert the
+   batch with ``bulk_create(ignore_conflicts=True)`` — ``INSERT … ON CONFLICT DO NOTHING`` on
+   PostgreSQL — keyed on the adapter's ``dedupe_key``, add the new rows to their failure groups,
+   and write one ``dlq.ingest`` audit event for the batch.
+4. Only after the commit returned, ``ack`` the batch on the broker. Any exception from step 3
+   (including a commit whose outcome is unknown) propagates *without* an ack: the broker keeps
+   the messages and the next run re-reads them; the unique ``dedupe_key`` makes that a no-op.
+   A crash after the commit and before the ack is the same case.
+5. Stop after ``max_batches`` so one run is bounded.
+
+Fault injection (tests only): with ``DLO_TEST_CRASH_AFTER_COMMIT=1`` in the environment the
+process ends with ``os._exit(137)`` right after the first commit, before its ack — exactly the
+window a ``kill -9`` hits by luck only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import hashlib
+import json
+import logging
+import os
+from collections.abc import Sequence
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import F
+from django.db.models.functions import Greatest, Least
+from django.utils import timezone
+
+from audit.actions import Actor, record
+from brokers import get_adapter
+from brokers.base import Address, BrokerAdapter
+from brokers.base import DeadLetter as Letter
+from channels_registry.models import BrokerKind, Channel, DlqStrategy, IdempotencySource
+from dlq import redaction, render
+from dlq.fingerprint import fingerprint, normalize_error
+from dlq.models import DeadLetter, FailureGroup, Source
+
+log = logging.getLogger(__name__)
+
+BATCH_SIZE = 500
+FETCH_WAIT_S = 1.0
+SEARCH_TEXT_LIMIT = 4000
+# Where producers and consumers commonly put the error of a failed message (Spring AMQP,
+# MassTransit, our Redis convention, plain names). The first present header wins.
+ERROR_CLASS_HEADERS = (
+    "x-exception-class",
+    "x-exception-type",
+    "x-error-class",
+    "error_class",
+    "error-class",
+    "exception_class",
+    "MT-Fault-ExceptionType",
+)
+ERROR_MESSAGE_HEADERS = (
+    "x-exception-message",
+    "x-error-message",
+    "x-error",
+    "error_message",
+    "error",
+    "exception",
+    "MT-Fault-Message",
+)
+SCHEMA_VERSION_HEADERS = ("schema-version", "schema_version", "x-schema-version")
+JSON_CONTENT_TYPES = ("json", "")  # an empty content type is assumed to be JSON
+
+
+@dataclasses.dataclass
+class IngestResult:
+    channel: str
+    fetched: int = 0
+    inserted: int = 0
+    duplicates: int = 0
+    batches: int = 0
+    errors: list[str] = dataclasses.field(default_factory=list)
+
+    def add(self, other: IngestResult) -> None:
+        self.fetched += other.fetched
+        self.inserted += other.inserted
+        self.duplicates += other.duplicates
+        self.batches += other.batches
+        self.errors.extend(other.errors)
+
+
+def adapter_for(channel: Channel) -> BrokerAdapter:
+    broker = channel.broker
+    return get_adapter(
+        broker.kind,
+        broker.connection_url(),
+        management_url=broker.management_url or None,
+        timeout=settings.DLO_BROKER_TIMEOUT_S,
+    )
+
+
+def drain_addresses(channel: Channel) -> list[tuple[Address, str]]:
+    """The dead-letter addresses to drain and the source each feeds.
+
+    RabbitMQ and Redis: the declared DLQ and poison queue/stream. NATS JetStream has no DLQ
+    queue: its dead letters are the advisories about the channel's own stream and consumer, so
+    a declared DLQ means "drain those"; a separate poison address is not drainable there.
+    """
+    addresses: list[tuple[Address, str]] = []
+    if channel.broker.kind == BrokerKind.NATS:
+        if channel.dlq_address:
+            addresses.append((Address(channel.address, channel.address_group), Source.DLQ))
+        return addresses
+    if channel.dlq_address:
+        addresses.append((Address(channel.dlq_address), Source.DLQ))
+    if channel.poison_address:
+        addresses.append((Address(channel.poison_address), Source.POISON))
+    return addresses
+
+
+# -- turning one broker letter into a row --------------------------------------------------
+
+
+def _no_nul(value: Any, depth: int = 0) -> Any:
+    """PostgreSQL text and jsonb refuse NUL characters. Strings holding one become
+    ``{"$bytes": hex}`` (the adapters' own convention for non-text bytes), so nothing is lost."""
+    if depth > 40:
+        return value
+    if isinstance(value, str):
+        return {"$bytes": value.encode("utf-8").hex()} if "\x00" in value else value
+    if isinstance(value, dict):
+        return {k.replace("\x00", "\ufffd"): _no_nul(v, depth + 1) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_no_nul(v, depth + 1) for v in value]
+    return value
+
+
+def _text(value: Any, limit: int) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, dict) and "$bytes" in value:
+        try:
+            value = bytes.fromhex(str(value["$bytes"])).decode("utf-8", "replace")
+        except ValueError:
+            value = ""
+    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+    return text.replace("\x00", "\ufffd")[:limit]
+
+
+def _first_header(headers: dict[str, Any], names: Sequence[str]) -> Any:
+    lowered = {k.lower(): v for k, v in headers.items()}
+    for name in names:
+        if name.lower() in lowered:
+            return lowered[name.lower()]
+    return None
+
+
+def _aware(epoch: float | None) -> dt.datetime | None:
+    if epoch is None:
+        return None
+    try:
+        return dt.datetime.fromtimestamp(epoch, tz=dt.UTC)
+    except (OverflowError, OSError, ValueError):
+        return None
+
+
+def read_idempotency_key(
+    channel: Channel, headers: dict[str, Any], properties: dict[str, Any], document: Any
+) -> str:
+    """The key from the channel's declared location; "" when absent."""
+    source, where = channel.idempotency_source, channel.idempotency_key
+    value: Any = None
+    if source == IdempotencySource.HEADER and where:
+        value = _first_header(headers, [where])
+    elif source == IdempotencySource.PROPERTY:
+        value = properties.get("message_id")
+    elif source == IdempotencySource.JSON_PATH and render.is_parsed(document):
+        steps = redaction.parse_path(where)
+        value = document
+        for step in steps or [None]:
+            if isinstance(step, str) and isinstance(value, dict):
+                value = value.get(step)
+            elif isinstance(step, int) and isinstance(value, list) and step < len(value):
+                value = value[step]
+            else:
+                value = None
+                break
+    if value is None or isinstance(value, dict | list):
+        return ""
+    return _text(value, 255)
+
+
+def search_text(body_view: bytes | None, headers: dict[str, Any]) -> str:
+    """Lower-cased text searched by the list filter: the (redacted) body head, then headers."""
+    parts = []
+    if body_view:
+        parts.append(body_view[:SEARCH_TEXT_LIMIT].decode("utf-8", "replace"))
+    for key, value in list(headers.items())[:200]:
+        parts.append(f"{key}: {_text(value, 300)}")
+    return "\n".join(parts).replace("\x00", " ").lower()[: SEARCH_TEXT_LIMIT * 2]
+
+
+def build_entry(
+    channel: Channel, letter: Letter, source: str, now: dt.datetime
+) -> tuple[DeadLetter, str]:
+    """The unsaved row for ``letter`` and its failure fingerprint."""
+    headers = _no_nul(dict(letter.headers))
+    properties = _no_nul(dict(letter.properties))
+    content_type = _text(properties.get("content_type") or headers.get("content-type"), 200)
+    document = render.parse_json(letter.body)
+    if any(t and t in content_type.lower() for t in JSON_CONTENT_TYPES) or not content_type:
+        is_parseable: bool | None = render.is_parsed(document)
+    else:
+        is_parseable = None
+    # Poison vs DLQ. Where a letter was found decides first (the poison address is poison).
+    # A letter found in the DLQ of a channel that declares the poison-queue strategy but whose
+    # body does not parse was misrouted: the contract says unparseable messages are poison
+    # (never retried), so it is classified as poison. Without that strategy there is no poison
+    # contract; the entry stays DLQ and carries the is_parseable=False flag.
+    if (
+        source == Source.DLQ
+        and is_parseable is False
+        and DlqStrategy.POISON_QUEUE in (channel.dlq_strategies or [])
+    ):
+        source = Source.POISON
+    visible_headers = redaction.redact_headers(headers, channel)
+    reason = _text(letter.reason or _first_header(headers, ["reason", "x-first-death-reason"]), 100)
+    error_class = _text(_first_header(visible_headers, ERROR_CLASS_HEADERS), 300)
+    error_message = _text(_first_header(visible_headers, ERROR_MESSAGE_HEADERS), 10_000)
+    idem = read_idempotency_key(channel, headers, properties, document)
+    schema = _first_header(headers, SCHEMA_VERSION_HEADERS)
+    if schema is None and isinstance(document, dict):
+        schema = document.get("schema_version", document.get("schemaVersion"))
+    if isinstance(document, dict | list) and channel.redact_json_paths:
+        body_view: bytes | None = render.redacted_body_bytes(letter.body, channel)
+    elif channel.redact_json_paths:
+        body_view = None  # rules cannot be applied: keep the body out of the search text
+    else:
+        body_view = letter.body
+    entry = DeadLetter(
+        channel=channel,
+        source=source,
+        dedupe_key=letter.dedupe_key[:200],
+        body=letter.body,
+        body_sha256=hashlib.sha256(letter.body).hexdigest(),
+        size=len(letter.body),
+        content_type=content_type,
+        headers=headers,
+        properties=properties,
+        reason=reason,
+        error_class=error_class,
+        error_message=error_message,
+        redelivery_count=letter.redelivery_count,
+        first_death_queue=_text(letter.first_death_queue, 255),
+        first_death_exchange=_text(letter.first_death_exchange, 255),
+        first_death_at=_aware(letter.first_death_at),
+        dead_lettered_at=_aware(letter.dead_lettered_at) or now,
+        ingested_at=now,
+        idempotency_key=idem,
+        missing_idempotency_key=not idem,
+        schema_version=_text(schema, 50) if schema is not None else "",
+        is_parseable=is_parseable,
+        death_history=_no_nul(list(letter.death_history)),
+        search_text=search_text(body_view, visible_headers),
+    )
+    return entry, fingerprint(channel.pk, reason, error_class, error_message)
+
+
+# -- one batch: store, then (caller) ack -------------------------------------------------
+
+
+def store_batch(
+    channel: Channel, letters: Sequence[Letter], source: str, address: Address
+) -> tuple[int, int]:
+    """Insert one batch in one transaction; return (inserted, duplicates). Raises on any
+    database failure, in which case the caller must not ack."""
+    with transaction.atomic():
+        # One ingester per channel at a time: the counts below rely on it.
+        locked = Channel.objects.select_for_update().select_related("broker").get(pk=channel.pk)
+        now = timezone.now()
+        built = [build_entry(locked, letter, source, now) for letter in letters]
+        unique: dict[str, tuple[DeadLetter, str]] = {}
+        for entry, fp in built:
+            unique.setdefault(entry.dedupe_key, (entry, fp))
+        groups = _groups_for(locked, {fp for _, fp in unique.values()}, now)
+        for entry, fp in unique.values():
+            entry.group_id = groups[fp].pk
+        DeadLetter.objects.bulk_create(
+            [entry for entry, _ in unique.values()], batch_size=BATCH_SIZE, ignore_conflicts=True
+        )
+        # Rows inserted by this batch carry its exact timestamp; earlier copies (a crash before
+        # the ack) carry an older one. The channel lock rules out a concurrent batch.
+        stored = dict(
+            DeadLetter.objects.filter(dedupe_key__in=list(unique), ingested_at=now).values_list(
+                "dedupe_key", "id"
+            )
+        )
+        new = {key: unique[key] for key in stored}
+        _count_into_groups(groups, new, stored)
+        inserted, duplicates = len(new), len(letters) - len(new)
+        record(
+            "dlq.ingest",
+            actor=Actor.system(),
+            target_type="channels_registry.channel",
+            target_id=locked.pk,
+            target_repr=f"{locked.slug} {source} {address}",
+            channel_slug=locked.slug,
+            after={
+                "address": str(address),
+                "source": source,
+                "fetched": len(letters),
+                "inserted": inserted,
+                "duplicates": duplicates,
+                "first_id": min(stored.values(), default=None),
+                "last_id": max(stored.values(), default=None),
+            },
+        )
+    return inserted, duplicates
+
+
+def _groups_for(
+    channel: Channel, fingerprints: set[str], now: dt.datetime
+) -> dict[str, FailureGroup]:
+    """The channel's failure group per fingerprint, creating missing ones (count 0)."""
+    groups = {
+        g.fingerprint: g
+        for g in FailureGroup.objects.filter(channel=channel, fingerprint__in=fingerprints)
+    }
+    for fp in fingerprints - set(groups):
+        groups[fp] = FailureGroup.objects.create(
+            channel=channel, fingerprint=fp, count=0, first_seen=now, last_seen=now
+        )
+    return groups
+
+
+def _count_into_groups(
+    groups: dict[str, FailureGroup],
+    new: dict[str, tuple[DeadLetter, str]],
+    ids: dict[str, int],
+) -> None:
+    """Add the newly inserted entries to their groups' counts and times."""
+    by_fp: dict[str, list[DeadLetter]] = {}
+    for entry, fp in new.values():
+        by_fp.setdefault(fp, []).append(entry)
+    for fp, entries in by_fp.items():
+        group, first = groups[fp], entries[0]
+        seen = [e.dead_lettered_at for e in entries]
+        changes: dict[str, Any] = {
+            "count": F("count") + len(entries),
+            "last_seen": Greatest(F("last_seen"), max(seen)),
+        }
+        if group.sample_id is None:
+            # A new group: describe it by its first entry.
+            changes.update(
+                sample_id=ids[first.dedupe_key],
+                reason=first.reason,
+                error_class=first.error_class,
+                normalized_error=normalize_error(first.error_message),
+                first_seen=min(seen),
+                last_seen=max(seen),
+            )
+        else:
+            changes["first_seen"] = Least(F("first_seen"), min(seen))
+        FailureGroup.objects.filter(pk=group.pk).update(**changes)
+
+
+def _crash_after_commit_requested() -> bool:
+    return os.environ.get("DLO_TEST_CRASH_AFTER_COMMIT") == "1"
+
+
+def ingest_channel(
+    channel: Channel, *, max_batches: int = 200, batch_size: int = BATCH_SIZE
+) -> IngestResult:
+    """Drain the channel's dead-letter addresses (bounded); see the module docstring."""
+    result = IngestResult(channel.slug)
+    adapter = adapter_for(channel)
+    for address, source in drain_addresses(channel):
+        adapter.prepare_drain(address)
+        with adapter.drain(address) as session:
+            while result.batches < max_batches:
+                letters = session.fetch(batch_size, FETCH_WAIT_S)
+                if not letters:
+                    break
+                inserted, duplicates = store_batch(channel, letters, source, address)
+                if _crash_after_commit_requested():
+                    os._exit(137)
+                session.ack(letters)
+                result.batches += 1
+                result.fetched += len(letters)
+                result.inserted += inserted
+                result.duplicates += duplicates
+    return result

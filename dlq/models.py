@@ -1,0 +1,147 @@
+"""Dead-letter entries and the failure groups they fall into.
+
+An entry keeps the message exactly as the broker handed it over: the body as raw bytes, the
+headers and properties as JSON-safe data (see ``brokers.base.json_safe_headers``). Everything
+else on the row is derived at ingest time, for filtering and display.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from django.db import models
+from django.urls import reverse
+from django.utils import timezone
+
+from channels_registry.models import Channel
+
+
+class Source(models.TextChoices):
+    DLQ = "dlq", "DLQ"
+    POISON = "poison", "Poison"
+
+
+class Status(models.TextChoices):
+    NEW = "new", "New"
+    REPLAYING = "replaying", "Replaying"
+    REPLAYED = "replayed", "Replayed"
+    FAILED = "failed", "Replay failed"
+    DISCARDED = "discarded", "Discarded"
+
+
+# Entries in these states are resolved: their payload may be purged after the retention window.
+RESOLVED = (Status.REPLAYED, Status.DISCARDED)
+
+
+class FailureGroup(models.Model):
+    """Entries of one channel that failed the same way (see ``dlq.fingerprint``)."""
+
+    channel = models.ForeignKey(Channel, on_delete=models.CASCADE, related_name="failure_groups")
+    fingerprint = models.CharField(max_length=64)
+    reason = models.CharField(max_length=100, blank=True)
+    error_class = models.CharField(max_length=300, blank=True)
+    normalized_error = models.TextField(blank=True)
+    count = models.BigIntegerField(default=0)
+    first_seen = models.DateTimeField()
+    last_seen = models.DateTimeField(db_index=True)
+    sample = models.ForeignKey(
+        "DeadLetter", on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
+    )
+
+    class Meta:
+        ordering = ["-last_seen"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["channel", "fingerprint"], name="failuregroup_unique_fingerprint"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.reason or 'unknown'}: {self.error_class or self.normalized_error[:60]}"
+
+    def get_absolute_url(self) -> str:
+        return reverse("dlq:entry_list") + f"?group={self.pk}"
+
+
+class DeadLetter(models.Model):
+    """One dead-lettered message. ``body`` is NULL once retention purged it (``purged_at`` set):
+    the row stays as a tombstone with its hash, size and metadata."""
+
+    channel = models.ForeignKey(Channel, on_delete=models.PROTECT, related_name="dead_letters")
+    source = models.CharField(max_length=8, choices=Source.choices, default=Source.DLQ)
+    status = models.CharField(max_length=12, choices=Status.choices, default=Status.NEW)
+    dedupe_key = models.CharField(max_length=200, unique=True)
+    body = models.BinaryField(null=True, blank=True)
+    body_sha256 = models.CharField(max_length=64)
+    size = models.PositiveIntegerField()
+    content_type = models.CharField(max_length=200, blank=True)
+    headers = models.JSONField(default=dict, blank=True)
+    properties = models.JSONField(default=dict, blank=True)
+    reason = models.CharField(max_length=100, blank=True)
+    error_class = models.CharField(max_length=300, blank=True)
+    error_message = models.TextField(blank=True)
+    redelivery_count = models.PositiveIntegerField(null=True, blank=True)
+    first_death_queue = models.CharField(max_length=255, blank=True)
+    first_death_exchange = models.CharField(max_length=255, blank=True)
+    first_death_at = models.DateTimeField(null=True, blank=True)
+    # The broker's dead-letter time when it gives one, else the ingest time (never NULL, so
+    # time-range filters need no special case).
+    dead_lettered_at = models.DateTimeField()
+    ingested_at = models.DateTimeField(default=timezone.now)
+    idempotency_key = models.CharField(max_length=255, blank=True)
+    missing_idempotency_key = models.BooleanField(default=False)
+    schema_version = models.CharField(max_length=50, blank=True)
+    # True: parses as JSON; False: should and does not; NULL: not JSON by its content type.
+    is_parseable = models.BooleanField(null=True)
+    death_history = models.JSONField(default=list, blank=True)
+    group = models.ForeignKey(
+        FailureGroup, on_delete=models.SET_NULL, null=True, blank=True, related_name="entries"
+    )
+    parent = models.ForeignKey(
+        "self", on_delete=models.SET_NULL, null=True, blank=True, related_name="children"
+    )
+    purged_at = models.DateTimeField(null=True, blank=True)
+    # Lower-cased, redacted, truncated text of body and headers for the text filter (a trigram
+    # GIN index on PostgreSQL, see migration 0002). Redacted so a search cannot probe hidden
+    # values; emptied when the body is purged.
+    search_text = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["-id"]
+        indexes = [
+            models.Index(fields=["channel", "id"], name="dlq_entry_channel_id"),
+            models.Index(fields=["group", "id"], name="dlq_entry_group_id"),
+            models.Index(fields=["status", "id"], name="dlq_entry_status_id"),
+            models.Index(fields=["reason", "id"], name="dlq_entry_reason_id"),
+            models.Index(fields=["idempotency_key"], name="dlq_entry_idem"),
+            models.Index(fields=["dead_lettered_at"], name="dlq_entry_dead_at"),
+        ]
+
+    def __str__(self) -> str:
+        return f"dead letter #{self.pk}"
+
+    def get_absolute_url(self) -> str:
+        return reverse("dlq:entry_detail", args=[self.pk])
+
+    @property
+    def is_purged(self) -> bool:
+        return self.purged_at is not None
+
+    @property
+    def is_resolved(self) -> bool:
+        return self.status in RESOLVED
+
+    def eviction_at(self) -> dt.datetime | None:
+        """When retention will purge the payload, if the entry is resolved and has a window."""
+        retention = self.channel.retention_s
+        if not retention or self.is_purged or not self.is_resolved:
+            return None
+        return self.ingested_at + dt.timedelta(seconds=retention)
+
+    def near_eviction(self, now: dt.datetime | None = None) -> bool:
+        """Within the last 10% of the retention window (the pages warn about these)."""
+        eviction = self.eviction_at()
+        if eviction is None or not self.channel.retention_s:
+            return False
+        margin = dt.timedelta(seconds=self.channel.retention_s * 0.1)
+        return (now or timezone.now()) >= eviction - margin

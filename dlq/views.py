@@ -1,0 +1,181 @@
+"""Triage pages: failure groups, the filtered entry list, the entry page, reveal, download."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from django.contrib import messages
+from django.db.models import Count, Q
+from django.http import Http404, HttpResponse, HttpResponseForbidden
+from django.shortcuts import render
+from django.utils import timezone
+from django.views.decorators.http import require_GET, require_POST
+
+from audit.actions import Actor, record
+from audit.models import AuditEvent
+from channels_registry.access import channels_for_user
+from dashboard.http import HtmxHttpRequest
+from dlq import redaction
+from dlq import render as body_render
+from dlq.access import can_reveal, entries_for_user, get_entry_for_user, groups_for_user
+from dlq.actions import do_reveal_entry
+from dlq.filters import PAGE_SIZE, EntryFilter, approximate_total, keyset_page
+from dlq.models import DeadLetter, Source, Status
+
+GROUPS_SHOWN = 200
+
+
+def _trends(group_ids: list[int], now: dt.datetime) -> dict[int, tuple[int, int]]:
+    """Per group: (entries dead-lettered in the last 24 h, in the 24 h before)."""
+    day = dt.timedelta(hours=24)
+    rows = (
+        DeadLetter.objects.filter(group_id__in=group_ids, dead_lettered_at__gte=now - 2 * day)
+        .values("group_id")
+        .annotate(
+            recent=Count("id", filter=Q(dead_lettered_at__gte=now - day)),
+            previous=Count("id", filter=Q(dead_lettered_at__lt=now - day)),
+        )
+    )
+    return {r["group_id"]: (r["recent"], r["previous"]) for r in rows}
+
+
+@require_GET
+def group_list(request: HtmxHttpRequest) -> HttpResponse:
+    groups = groups_for_user(request).filter(count__gt=0)
+    channel = request.GET.get("channel", "")[:100]
+    if channel:
+        groups = groups.filter(channel__slug=channel)
+    shown = list(groups.order_by("-last_seen", "-id")[: GROUPS_SHOWN + 1])
+    more = len(shown) > GROUPS_SHOWN
+    shown = shown[:GROUPS_SHOWN]
+    trends = _trends([g.pk for g in shown], timezone.now())
+    rows = []
+    for g in shown:
+        recent, previous = trends.get(g.pk, (0, 0))
+        sample = g.sample.error_message if g.sample else ""
+        rows.append(
+            {
+                "group": g,
+                "recent": recent,
+                "previous": previous,
+                "trend": "up" if recent > previous else ("down" if recent < previous else "flat"),
+                "sample": body_render.visible(sample[:200]),
+            }
+        )
+    context = {
+        "rows": rows,
+        "more": more,
+        "channel": channel,
+        "channels": channels_for_user(request).values_list("slug", flat=True),
+    }
+    template = "dlq/group_list.html"
+    if request.htmx and not request.htmx.boosted:
+        template += "#groups"
+    return render(request, template, context)
+
+
+@require_GET
+def entry_list(request: HtmxHttpRequest) -> HttpResponse:
+    f = EntryFilter.from_params(request.GET)
+    entries = f.apply(entries_for_user(request)).select_related("channel")
+    after = request.GET.get("after", "")
+    after_id = int(after) if after.isdigit() and len(after) < 19 else None
+    page = keyset_page(entries, after_id, PAGE_SIZE)
+    now = timezone.now()
+    context: dict[str, Any] = {
+        "f": f,
+        "page": page,
+        "rows": [(e, e.near_eviction(now)) for e in page.rows],
+        "total": None if after_id else approximate_total(entries, f),
+        "next_qs": f.query_string(after=page.next_after) if page.next_after else "",
+        "first_qs": f.query_string(),
+        "channels": channels_for_user(request).values_list("slug", flat=True),
+        "sources": Source.choices,
+        "statuses": Status.choices,
+        "group": groups_for_user(request).filter(pk=f.group).first() if f.group else None,
+        "paged": after_id is not None,
+    }
+    template = "dlq/entry_list.html"
+    if request.htmx and not request.htmx.boosted:
+        template += "#results"
+    return render(request, template, context)
+
+
+def _detail_context(request: HtmxHttpRequest, entry: DeadLetter, revealed: bool) -> dict[str, Any]:
+    channel = entry.channel
+    redact = redaction.has_rules(channel) and not revealed
+    headers = redaction.redact_headers(entry.headers, channel) if redact else entry.headers
+    header_rows, headers_hidden = body_render.header_rows(headers)
+    body = entry.body if entry.body is None else bytes(entry.body)
+    rendered = body_render.render_body(body, channel, redact=redact)
+    history = AuditEvent.objects.filter(
+        target_type="dlq.deadletter", target_id=str(entry.pk)
+    ).order_by("-seq")[:100]
+    return {
+        "entry": entry,
+        "channel": channel,
+        "body": rendered,
+        "header_rows": header_rows,
+        "headers_hidden": headers_hidden,
+        "properties": [
+            (k, body_render.header_value_text(v)) for k, v in (entry.properties or {}).items()
+        ][:50],
+        "timeline": body_render.timeline(entry.death_history or []),
+        "history": history,
+        "redacted": redact,
+        "revealed": revealed,
+        "can_reveal": can_reveal(request.user) and redaction.has_rules(channel),
+        "can_download": entry.body is not None
+        and (not redaction.has_rules(channel) or can_reveal(request.user)),
+        "near_eviction": entry.near_eviction(),
+        "eviction_at": entry.eviction_at(),
+        "error_message": body_render.visible(entry.error_message[:5000]),
+    }
+
+
+@require_GET
+def entry_detail(request: HtmxHttpRequest, pk: int) -> HttpResponse:
+    entry = get_entry_for_user(request, pk)
+    return render(request, "dlq/entry_detail.html", _detail_context(request, entry, False))
+
+
+@require_POST
+def entry_reveal(request: HtmxHttpRequest, pk: int) -> HttpResponse:
+    """Show the redacted fields, audited. Rendered in the POST response on purpose: a reveal
+    is for this one look, never remembered in the session or a redirect URL."""
+    entry = get_entry_for_user(request, pk)
+    if not can_reveal(request.user):
+        return HttpResponseForbidden("You need the reveal permission.")
+    reason = request.POST.get("reason", "").strip()
+    if not reason:
+        messages.error(request, "Give a reason to reveal redacted fields.")
+        context = _detail_context(request, entry, False)
+        return render(request, "dlq/entry_detail.html", context, status=400)
+    do_reveal_entry(entry, Actor.from_request(request), reason[:1000])
+    return render(request, "dlq/entry_detail.html", _detail_context(request, entry, True))
+
+
+@require_GET
+def entry_download(request: HtmxHttpRequest, pk: int) -> HttpResponse:
+    """The raw body bytes as an attachment, never with the message's own content type. On a
+    channel with redaction rules only for users with the reveal permission, and audited."""
+    entry = get_entry_for_user(request, pk)
+    if entry.body is None:
+        raise Http404("The payload was purged by the retention policy.")
+    if redaction.has_rules(entry.channel):
+        if not can_reveal(request.user):
+            return HttpResponseForbidden("This channel redacts payloads; you cannot download it.")
+        record(
+            "dlq.download",
+            actor=Actor.from_request(request),
+            target=entry,
+            target_type="dlq.deadletter",
+            channel_slug=entry.channel.slug,
+            reason="raw body download",
+        )
+    response = HttpResponse(bytes(entry.body), content_type="application/octet-stream")
+    response["Content-Disposition"] = f'attachment; filename="dead-letter-{entry.pk}.bin"'
+    response["X-Content-Type-Options"] = "nosniff"
+    response["Cache-Control"] = "private, no-store"
+    return response

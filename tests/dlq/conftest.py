@@ -1,0 +1,110 @@
+"""Helpers for the dead-letter tests: a fake drain session and entry factories."""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import pytest
+
+from brokers.base import Address, BrokerAdapter, DrainSession, Publisher
+from brokers.base import DeadLetter as Letter
+from channels_registry.models import Channel
+from dlq import ingest
+from dlq.models import DeadLetter, Source
+
+_seq = itertools.count(1)
+
+
+def letter(body: bytes = b'{"order": {"id": 1}}', **overrides: Any) -> Letter:
+    n = next(_seq)
+    fields: dict[str, Any] = {
+        "dedupe_key": f"test:{n}:{hashlib.sha256(body).hexdigest()[:16]}",
+        "body": body,
+        "headers": {"Idempotency-Key": f"key-{n}"},
+        "properties": {"content_type": "application/json", "message_id": f"m-{n}"},
+        "token": n,
+        "broker_id": str(n),
+        "redelivery_count": 3,
+        "reason": "rejected",
+        "first_death_queue": "orders",
+        "first_death_exchange": "",
+        "first_death_at": 1_700_000_000.0,
+        "dead_lettered_at": None,
+        "death_history": [],
+    }
+    fields.update(overrides)
+    return Letter(**fields)
+
+
+def store(channel: Channel, *letters: Letter, source: str = Source.DLQ) -> list[DeadLetter]:
+    """Store letters through the real ingest path and return the rows, oldest first."""
+    ingest.store_batch(channel, list(letters), source, Address(channel.dlq_address or "dlq"))
+    keys = [lt.dedupe_key for lt in letters]
+    return list(DeadLetter.objects.filter(dedupe_key__in=keys).order_by("id"))
+
+
+class FakeSession(DrainSession):
+    def __init__(self, queue: list[Letter], acked: list[Letter], fail_ack: bool = False) -> None:
+        self.queue, self.acked, self.fail_ack = queue, acked, fail_ack
+        self.outstanding: list[Letter] = []
+        self.closed = False
+
+    def fetch(self, max_batch: int, wait_s: float) -> list[Letter]:
+        batch = self.queue[:max_batch]
+        del self.queue[:max_batch]
+        self.outstanding.extend(batch)
+        return batch
+
+    def ack(self, letters: Sequence[Letter]) -> None:
+        from brokers.base import BrokerError
+
+        if self.fail_ack:
+            raise BrokerError("ack failed")
+        self.acked.extend(letters)
+        for lt in letters:
+            self.outstanding.remove(lt)
+
+    def close(self) -> None:
+        # Unacked letters go back to the broker, as on a real one.
+        self.queue[:0] = self.outstanding
+        self.outstanding = []
+        self.closed = True
+
+
+class FakeAdapter(BrokerAdapter):
+    kind = "fake"
+
+    def __init__(self) -> None:
+        super().__init__("fake://")
+        self.queues: dict[str, list[Letter]] = {}
+        self.acked: list[Letter] = []
+        self.prepared: list[Address] = []
+        self.fail_ack = False
+
+    def ping(self) -> None:
+        return None
+
+    def poll(self, addresses: Sequence[Address]) -> Any:
+        raise NotImplementedError
+
+    def inspect(self, addresses: Sequence[Address]) -> Any:
+        raise NotImplementedError
+
+    def prepare_drain(self, address: Address) -> None:
+        self.prepared.append(address)
+
+    def open_drain(self, address: Address) -> DrainSession:
+        return FakeSession(self.queues.setdefault(address.name, []), self.acked, self.fail_ack)
+
+    def open_publisher(self, target: Address) -> Publisher:
+        raise NotImplementedError
+
+
+@pytest.fixture
+def fake_adapter(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeAdapter]:
+    adapter = FakeAdapter()
+    monkeypatch.setattr(ingest, "adapter_for", lambda channel: adapter)
+    yield adapter
