@@ -17,5 +17,7 @@ urlpatterns = [
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("healthz", views.healthz, name="healthz"),
     path("channels/", include("channels_registry.urls")),
+    path("dead-letters/", include("dlq.urls")),
+    path("api/dead-letters/", include("dlq.api")),
     path("admin/", admin.site.urls),
 ]

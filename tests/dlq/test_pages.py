@@ -1,0 +1,200 @@
+from __future__ import annotations
+
+import datetime as dt
+
+import pytest
+from django.contrib.auth.models import User
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+
+from audit.models import AuditEvent
+from dlq.models import DeadLetter, Status
+from tests.conftest import client_for, make_channel
+from tests.dlq.conftest import letter, store
+
+pytestmark = pytest.mark.django_db
+
+
+def test_pages_need_the_viewer_role(outsider: User) -> None:
+    channel = make_channel()
+    [entry] = store(channel, letter())
+    client = client_for(outsider)
+    for url in ["/dead-letters/", "/dead-letters/list/", f"/dead-letters/{entry.pk}/"]:
+        assert client.get(url).status_code == 403
+    assert client.get(f"/dead-letters/{entry.pk}/raw/").status_code == 403
+
+
+def test_pages_need_a_login() -> None:
+    from django.test import Client
+
+    response = Client().get("/dead-letters/")
+    assert response.status_code == 302 and "/login/" in response["Location"]
+
+
+def test_groups_page_shows_counts_trend_and_links_to_a_filtered_list(viewer: User) -> None:
+    channel = make_channel()
+    now = timezone.now().timestamp()
+    store(
+        channel,
+        *[
+            letter(
+                headers={"x-exception-class": "NotFound", "x-exception-message": f"order {i}"},
+                dead_lettered_at=now - 3600,
+            )
+            for i in range(3)
+        ],
+        letter(
+            headers={"x-exception-class": "NotFound", "x-exception-message": "order 9"},
+            dead_lettered_at=now - 30 * 3600,
+        ),
+    )
+    group = DeadLetter.objects.first().group  # type: ignore[union-attr]
+    response = client_for(viewer).get("/dead-letters/")
+    html = response.content.decode()
+    assert response.status_code == 200
+    assert "NotFound" in html and f"?group={group.pk}" in html
+    assert "3 ▲ 1" in html  # last 24 h vs the 24 h before
+    listing = client_for(viewer).get(f"/dead-letters/list/?group={group.pk}").content.decode()
+    assert listing.count('href="/dead-letters/') >= 4
+
+
+def test_list_filters_live_in_the_url(viewer: User) -> None:
+    channel = make_channel()
+    other = make_channel(slug="billing", address="billing", dlq_address="billing.dlq")
+    store(channel, letter(b'{"customer": "Alice"}', headers={"Idempotency-Key": "k-a"}))
+    store(other, letter(b'{"customer": "Bob"}', reason="expired"))
+    client = client_for(viewer)
+
+    def ids(query: str) -> set[int]:
+        response = client.get("/dead-letters/list/?" + query, headers={"HX-Request": "true"})
+        assert response.status_code == 200
+        return {
+            e.pk
+            for e in DeadLetter.objects.all()
+            if f'href="/dead-letters/{e.pk}/"' in response.content.decode()
+        }
+
+    alice = DeadLetter.objects.get(channel=channel).pk
+    bob = DeadLetter.objects.get(channel=other).pk
+    assert ids("") == {alice, bob}
+    assert ids("channel=billing") == {bob}
+    assert ids("reason=expired") == {bob}
+    assert ids("q=ALICE") == {alice}
+    assert ids("key=k-a") == {alice}
+    assert ids("status=new&source=dlq") == {alice, bob}
+    assert ids("status=replayed") == set()
+    assert ids("since=2000-01-01&until=2000-01-02") == set()
+
+
+def test_list_uses_keyset_pages_without_offset(viewer: User) -> None:
+    channel = make_channel()
+    store(channel, *[letter(b'{"n": %d}' % i) for i in range(120)])
+    client = client_for(viewer)
+    newest = DeadLetter.objects.order_by("-id")
+    first = client.get("/dead-letters/list/").content.decode()
+    assert f'href="/dead-letters/{newest[0].pk}/"' in first
+    assert "120 matching entries" in first
+    cursor = newest[49].pk
+    assert f"after={cursor}" in first
+    with CaptureQueriesContext(connection) as queries:
+        second = client.get(f"/dead-letters/list/?after={cursor}").content.decode()
+    sql = " ".join(q["sql"].upper() for q in queries.captured_queries)
+    assert "OFFSET" not in sql and "COUNT(" not in sql
+    assert f'href="/dead-letters/{newest[50].pk}/"' in second
+    assert f'href="/dead-letters/{newest[49].pk}/"' not in second
+
+
+def test_detail_shows_json_headers_timeline_and_audit_history(viewer: User) -> None:
+    channel = make_channel()
+    [entry] = store(
+        channel,
+        letter(
+            b'{"order": {"id": 7}}',
+            headers={"x-custom": "hello"},
+            death_history=[
+                {"queue": "orders", "reason": "rejected", "count": 2, "time": 1_700_000_000}
+            ],
+        ),
+    )
+    html = client_for(viewer).get(f"/dead-letters/{entry.pk}/").content.decode()
+    assert "&quot;order&quot;: {" in html  # pretty-printed JSON, escaped
+    assert "x-custom" in html and "hello" in html
+    assert "rejected" in html and "2023-11-14" in html
+    assert "No actions on this entry yet" in html
+
+
+def test_large_body_is_truncated_with_a_download(viewer: User) -> None:
+    channel = make_channel(redact_json_paths=[], redact_headers=[])
+    body = b"x" * (200 * 1024)
+    [entry] = store(channel, letter(body, properties={"content_type": "text/html"}))
+    client = client_for(viewer)
+    html = client.get(f"/dead-letters/{entry.pk}/").content.decode()
+    assert "Truncated for display" in html and f"/dead-letters/{entry.pk}/raw/" in html
+    response = client.get(f"/dead-letters/{entry.pk}/raw/")
+    assert response.status_code == 200 and response.content == body
+    assert response["Content-Type"] == "application/octet-stream"
+    assert response["Content-Disposition"].startswith("attachment;")
+    assert response["X-Content-Type-Options"] == "nosniff"
+
+
+def test_redacted_for_viewers_and_revealed_with_an_audited_reason(
+    viewer: User, compliance: User
+) -> None:
+    channel = make_channel(redact_json_paths=["$.card.number"], redact_headers=["Authorization"])
+    [entry] = store(
+        channel,
+        letter(
+            b'{"card": {"number": "4111111111111111"}, "amount": 5}',
+            headers={"Authorization": "Bearer sekrit"},
+        ),
+    )
+    url = f"/dead-letters/{entry.pk}/"
+    for user in (viewer, compliance):
+        html = client_for(user).get(url).content.decode()
+        assert "4111111111111111" not in html and "sekrit" not in html
+        assert "•••• redacted" in html and "amount" in html
+    # The viewer may neither reveal nor download; the compliance reviewer must give a reason.
+    assert client_for(viewer).post(url + "reveal/", {"reason": "x"}).status_code == 403
+    assert client_for(viewer).get(url + "raw/").status_code == 403
+    client = client_for(compliance)
+    assert client.post(url + "reveal/", {"reason": ""}).status_code == 400
+    response = client.post(url + "reveal/", {"reason": "INC-42 customer dispute"})
+    html = response.content.decode()
+    assert response.status_code == 200
+    assert "4111111111111111" in html and "sekrit" in html
+    event = AuditEvent.objects.get(action="dlq.reveal")
+    assert event.target_type == "dlq.deadletter" and event.target_id == str(entry.pk)
+    assert event.reason == "INC-42 customer dispute" and event.actor_username == "cora"
+    # The reveal shows up in the entry's audit history, and later views are masked again.
+    html = client.get(url).content.decode()
+    assert "dlq.reveal" in html and "4111111111111111" not in html
+    download = client.get(url + "raw/")
+    assert download.status_code == 200
+    assert AuditEvent.objects.filter(action="dlq.download").count() == 1
+
+
+def test_non_json_body_is_hidden_when_body_rules_cannot_apply(viewer: User) -> None:
+    channel = make_channel(redact_json_paths=["$.card"])
+    [entry] = store(channel, letter(b"card=4111111111111111"))
+    html = client_for(viewer).get(f"/dead-letters/{entry.pk}/").content.decode()
+    assert "4111111111111111" not in html and "is hidden" in html
+
+
+def test_pages_warn_about_entries_close_to_eviction(viewer: User) -> None:
+    channel = make_channel(retention_s=1000)
+    [entry] = store(channel, letter())
+    DeadLetter.objects.filter(pk=entry.pk).update(
+        status=Status.DISCARDED, ingested_at=timezone.now() - dt.timedelta(seconds=950)
+    )
+    client = client_for(viewer)
+    assert "evicts soon" in client.get("/dead-letters/list/").content.decode()
+    detail = client.get(f"/dead-letters/{entry.pk}/").content.decode()
+    assert "within 10% of its retention" in detail
+
+
+def test_nav_and_channel_page_link_to_dead_letters(viewer: User) -> None:
+    channel = make_channel()
+    html = client_for(viewer).get(f"/channels/{channel.slug}/").content.decode()
+    assert 'href="/dead-letters/"' in html
+    assert "/dead-letters/list/?channel=orders" in html
