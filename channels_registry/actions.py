@@ -82,3 +82,8 @@ def do_delete_channel(channel: Channel, *, actor: Actor, reason: str = "") -> No
         reason=reason,
         before=snapshot,
     )
+
+
+# Polling's action lives in its topic module: it spans two short transactions around a network
+# call, which does not fit the one-atomic-block shape of the actions above.
+from channels_registry.polling import do_poll_broker  # noqa: E402, F401

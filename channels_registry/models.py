@@ -11,6 +11,8 @@ from django.core.validators import MinValueValidator
 from django.db import models
 from django.urls import reverse
 
+from channels_registry.health import HealthState
+
 
 class BrokerKind(models.TextChoices):
     RABBITMQ = "rabbitmq", "RabbitMQ"
@@ -338,3 +340,124 @@ class Channel(models.Model):
                 continue
             data[field.attname] = getattr(self, field.attname)
         return data
+
+
+# --- Polling, samples and health (issue 3) -------------------------------------------------
+
+
+class BrokerPollState(models.Model):
+    """Per-broker polling bookkeeping: the single-flight lease, backoff and circuit breaker."""
+
+    broker = models.OneToOneField(
+        Broker, on_delete=models.CASCADE, primary_key=True, related_name="poll_state"
+    )
+    # Single flight: a poll claims the broker by setting the lease with a conditional UPDATE.
+    lease_until = models.DateTimeField(null=True, blank=True)
+    lease_token = models.CharField(max_length=32, blank=True)
+    next_due_at = models.DateTimeField(null=True, blank=True)
+    circuit_open_until = models.DateTimeField(null=True, blank=True)
+    consecutive_failures = models.PositiveIntegerField(default=0)
+    overruns = models.PositiveIntegerField(default=0)
+    polls = models.PositiveBigIntegerField(default=0)
+    last_started_at = models.DateTimeField(null=True, blank=True)
+    last_success_at = models.DateTimeField(null=True, blank=True)
+    last_error = models.TextField(blank=True)
+    last_error_at = models.DateTimeField(null=True, blank=True)
+    last_duration_ms = models.PositiveIntegerField(null=True, blank=True)
+    last_round_trips = models.PositiveIntegerField(null=True, blank=True)
+    last_inspect_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"poll state of {self.broker_id}"
+
+
+class ChannelSample(models.Model):
+    """One poll's measurement of one channel. NULL is unknown, never 0. ``stale`` rows record a
+    poll that failed (all measurements NULL, ``error`` says why). Kept for a bounded window."""
+
+    channel = models.ForeignKey(Channel, on_delete=models.CASCADE, related_name="samples")
+    taken_at = models.DateTimeField(db_index=True)
+    exists = models.BooleanField(null=True)
+    stale = models.BooleanField(default=False)
+    error = models.CharField(max_length=500, blank=True)
+    backlog = models.BigIntegerField(null=True)
+    in_flight = models.BigIntegerField(null=True)
+    retained = models.BigIntegerField(null=True)
+    consumers = models.IntegerField(null=True)
+    active_consumers = models.IntegerField(null=True)
+    redelivered = models.BigIntegerField(null=True)
+    oldest_message_age_s = models.FloatField(null=True)
+    oldest_unacked_age_s = models.FloatField(null=True)
+    produced = models.BigIntegerField(null=True)
+    delivered = models.BigIntegerField(null=True)
+    acked = models.BigIntegerField(null=True)
+    dead_lettered = models.BigIntegerField(null=True)
+    dlq_depth = models.BigIntegerField(null=True)
+    dlq_oldest_age_s = models.FloatField(null=True)
+    poison_depth = models.BigIntegerField(null=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["channel", "taken_at"], name="sample_channel_time")]
+
+    def __str__(self) -> str:
+        return f"{self.channel_id}@{self.taken_at:%Y-%m-%d %H:%M:%S}"
+
+
+class ChannelRollup(models.Model):
+    """The last sample of each minute (upserted by every poll), kept 30 days for charts."""
+
+    channel = models.ForeignKey(Channel, on_delete=models.CASCADE, related_name="rollups")
+    minute = models.DateTimeField(db_index=True)
+    stale = models.BooleanField(default=False)
+    backlog = models.BigIntegerField(null=True)
+    in_flight = models.BigIntegerField(null=True)
+    consumers = models.IntegerField(null=True)
+    active_consumers = models.IntegerField(null=True)
+    dlq_depth = models.BigIntegerField(null=True)
+    poison_depth = models.BigIntegerField(null=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["channel", "minute"], name="rollup_channel_minute")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.channel_id}@{self.minute:%Y-%m-%d %H:%M}"
+
+
+class ChannelHealth(models.Model):
+    """The current health of one channel, updated by every poll of its broker.
+
+    ``window`` is a bounded cache of the recent samples health needs (compact lists, see
+    ``health.POINT_FIELDS``) and ``spark`` the last hour of backlog per minute, so a poll and the
+    board each read one row per channel instead of scanning ``ChannelSample``.
+    """
+
+    channel = models.OneToOneField(
+        Channel, on_delete=models.CASCADE, primary_key=True, related_name="health"
+    )
+    state = models.CharField(max_length=16, choices=HealthState.choices, default="unknown")
+    state_since = models.DateTimeField(null=True, blank=True)
+    severity = models.PositiveSmallIntegerField(default=0, db_index=True)
+    dlq_flags = models.JSONField(default=list, blank=True)
+    evidence = models.JSONField(default=list, blank=True)
+    backlog = models.BigIntegerField(null=True)
+    in_flight = models.BigIntegerField(null=True)
+    consumers = models.IntegerField(null=True)
+    active_consumers = models.IntegerField(null=True)
+    oldest_age_s = models.FloatField(null=True)
+    lag_s = models.FloatField(null=True)
+    dlq_depth = models.BigIntegerField(null=True)
+    poison_depth = models.BigIntegerField(null=True)
+    drain_rate = models.FloatField(null=True)
+    eta_s = models.FloatField(null=True)
+    last_sample_at = models.DateTimeField(null=True, blank=True)
+    window = models.JSONField(default=list, blank=True)
+    spark = models.JSONField(default=list, blank=True)
+    observed = models.JSONField(null=True, blank=True)
+    observed_findings = models.JSONField(default=list, blank=True)
+    observed_at = models.DateTimeField(null=True, blank=True)
+    updated_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"{self.channel_id}: {self.state}"

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.core.paginator import Paginator
 from django.db.models import Q
 from django.http import HttpResponse
 from django.shortcuts import render
+from django.utils import timezone
 from django.views.decorators.http import require_GET
 
 from channels_registry.access import channels_for_user, get_channel_for_user
-from channels_registry.models import Broker
+from channels_registry.charts import channel_charts
+from channels_registry.models import Broker, Channel
 from dashboard.http import HtmxHttpRequest
 
 
@@ -53,5 +57,21 @@ def channel_detail(request: HtmxHttpRequest, slug: str) -> HttpResponse:
         "errors": [f for f in channel.findings if f["severity"] == "error"],
         "warnings": [f for f in channel.findings if f["severity"] != "error"],
         "can_edit": request.user.has_perm("channels_registry.change_channel"),
+        **live_health_context(channel, request.GET.get("range", "1h")),
     }
     return render(request, "channels_registry/channel_detail.html", context)
+
+
+def live_health_context(channel: Channel, range_key: str) -> dict[str, Any]:
+    """The channel page's health section: current state (as the board shows it), charts and
+    the declared-vs-observed findings."""
+    from dashboard.board import make_row
+
+    channel = Channel.objects.select_related("broker", "health").get(pk=channel.pk)
+    health = getattr(channel, "health", None)
+    return {
+        "health_row": make_row(channel, timezone.now()),
+        "observed_findings": health.observed_findings if health else [],
+        "observed_at": health.observed_at if health else None,
+        **channel_charts(channel, range_key),
+    }

@@ -222,6 +222,9 @@ CELERY_BEAT_SCHEDULE = beat_schedule()
 DLO_INPROCESS_SCHEDULER = env_bool("DLO_INPROCESS_SCHEDULER", False)
 # Timeout, in seconds, of every call to a broker.
 DLO_BROKER_TIMEOUT_S = float(env_int("DLO_BROKER_TIMEOUT_S", 5))
+# Raw poll samples are kept this long; 1-minute rollups (for charts) this many days.
+DLO_SAMPLE_RETENTION_HOURS = env_int("DLO_SAMPLE_RETENTION_HOURS", 48)
+DLO_ROLLUP_RETENTION_DAYS = env_int("DLO_ROLLUP_RETENTION_DAYS", 30)
 # System actor recorded on audit events made by commands without a user.
 DLO_SYSTEM_ACTOR = env_str("DLO_SYSTEM_ACTOR", "system")
 # Bulk actions above this many entries need a second person's approval.

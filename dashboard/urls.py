@@ -3,16 +3,15 @@ from __future__ import annotations
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.urls import include, path
-from django.views.generic import RedirectView
 
-from dashboard import views
+from dashboard import board, views
 
 admin.site.site_header = "Dead Letter Office — registry"
 admin.site.site_title = "Dead Letter Office"
 admin.site.login = views.login_view  # type: ignore[method-assign,assignment]
 
 urlpatterns = [
-    path("", RedirectView.as_view(pattern_name="channel_list", permanent=False), name="home"),
+    path("", board.board, name="home"),
     path("login/", views.login_view, name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("healthz", views.healthz, name="healthz"),

@@ -1,0 +1,411 @@
+"""Health evaluation: pure functions over a window of samples and a channel's declaration.
+
+Nothing here touches the database or the network, so every state is unit-tested on synthetic
+histories. ``evaluate`` returns a state, DLQ flags and evidence strings a human can check
+against the charts ("backlog grew 4,210 → 9,877 over 10 min while acks stalled").
+
+Design choices:
+
+1. Trends use the Theil–Sen estimator (median of pairwise slopes), so one dip or one spike
+   neither clears nor triggers LAGGING / CATCHING_UP.
+2. Hysteresis: entering LAGGING needs a significant rise (or a threshold crossed); leaving it
+   needs the trend to stop rising *and* every threshold to be below 80 % of its value. POISONED
+   is also sticky until redeliveries stop for the whole window.
+3. Counters (produced, acked, redelivered...) are monotonic; a decrease is a broker restart,
+   counted as a reset (progress = the new value), never as negative progress.
+4. ``None`` is unknown: a rule that needs an unknown value does not fire, and the evidence says
+   what could not be measured instead of pretending it was zero.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+from collections.abc import Sequence
+from typing import Any
+
+from django.db import models
+
+
+class HealthState(models.TextChoices):
+    UNKNOWN = "unknown", "Unknown"
+    STALE = "stale", "Stale"
+    IDLE = "idle", "Idle"
+    OK = "ok", "OK"
+    CATCHING_UP = "catching-up", "Catching up"
+    LAGGING = "lagging", "Lagging"
+    STALLED = "stalled", "Stalled"
+    STOPPED = "stopped", "Stopped"
+    POISONED = "poisoned", "Poisoned"
+
+
+class DlqFlag(models.TextChoices):
+    INFLOW = "dlq-inflow", "DLQ inflow"
+    AGED = "dlq-aged", "DLQ aged"
+    NONEMPTY = "dlq-nonempty", "DLQ non-empty"
+
+
+#: Worst first: the board sorts by this rank (higher is worse).
+SEVERITY: dict[str, int] = {
+    HealthState.POISONED: 90,
+    HealthState.STOPPED: 80,
+    HealthState.STALE: 75,
+    HealthState.STALLED: 70,
+    HealthState.LAGGING: 60,
+    DlqFlag.INFLOW: 55,
+    DlqFlag.AGED: 45,
+    HealthState.UNKNOWN: 40,
+    DlqFlag.NONEMPTY: 35,
+    HealthState.CATCHING_UP: 30,
+    HealthState.OK: 10,
+    HealthState.IDLE: 5,
+}
+
+#: Fields of one compact point, in the order ``Point.as_list`` writes them.
+POINT_FIELDS = (
+    "t",
+    "backlog",
+    "in_flight",
+    "consumers",
+    "active_consumers",
+    "redelivered",
+    "oldest_age_s",
+    "produced",
+    "delivered",
+    "acked",
+    "dead_lettered",
+    "dlq_depth",
+    "dlq_age_s",
+    "poison_depth",
+    "exists",
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Point:
+    """One sample as health sees it. ``t`` is epoch seconds; ``None`` is unknown."""
+
+    t: float
+    backlog: int | None = None
+    in_flight: int | None = None
+    consumers: int | None = None
+    active_consumers: int | None = None
+    redelivered: int | None = None
+    oldest_age_s: float | None = None
+    produced: int | None = None
+    delivered: int | None = None
+    acked: int | None = None
+    dead_lettered: int | None = None
+    dlq_depth: int | None = None
+    dlq_age_s: float | None = None
+    poison_depth: int | None = None
+    exists: bool = True
+
+    def as_list(self) -> list[Any]:
+        return [getattr(self, name) for name in POINT_FIELDS]
+
+    @classmethod
+    def from_list(cls, values: Sequence[Any]) -> Point:
+        return cls(**dict(zip(POINT_FIELDS, values, strict=False)))
+
+
+@dataclasses.dataclass(frozen=True)
+class Thresholds:
+    """Alert thresholds from the declaration; ``None`` means not declared."""
+
+    lag_messages: int | None = None
+    lag_seconds: int | None = None
+    min_consumers: int | None = None
+    dlq_depth: int | None = None
+    oldest_age_s: int | None = None
+
+    @classmethod
+    def from_channel(cls, channel: Any) -> Thresholds:
+        return cls(
+            lag_messages=channel.alert_lag_messages,
+            lag_seconds=channel.alert_lag_seconds,
+            min_consumers=channel.alert_min_consumers,
+            dlq_depth=channel.alert_dlq_depth,
+            oldest_age_s=channel.alert_oldest_age_s,
+        )
+
+
+@dataclasses.dataclass
+class Assessment:
+    state: HealthState
+    dlq_flags: list[DlqFlag] = dataclasses.field(default_factory=list)
+    evidence: list[str] = dataclasses.field(default_factory=list)
+    #: Net drain rate in messages per second (positive: the backlog is shrinking).
+    drain_rate: float | None = None
+    #: Seconds until the backlog is empty at the current net drain rate.
+    eta_s: float | None = None
+    #: Oldest undelivered message age, else backlog / ack rate; seconds.
+    lag_s: float | None = None
+
+    @property
+    def severity(self) -> int:
+        return max([SEVERITY[self.state], *(SEVERITY[f] for f in self.dlq_flags)])
+
+
+# Tunables, deliberately few. WINDOW_S: the trend window. MIN_POINTS: fewer points make no trend.
+WINDOW_S = 600.0
+MIN_POINTS = 4
+STALL_MIN_S = 60.0
+EXIT_RATIO = 0.8
+DEFAULT_DLQ_AGE_S = 3600
+
+
+def theil_sen(series: Sequence[tuple[float, float]]) -> float | None:
+    """Median of the pairwise slopes (units per second); None with fewer than two times."""
+    slopes = [
+        (y2 - y1) / (t2 - t1)
+        for i, (t1, y1) in enumerate(series)
+        for (t2, y2) in series[i + 1 :]
+        if t2 > t1
+    ]
+    return statistics.median(slopes) if slopes else None
+
+
+def counter_progress(values: Sequence[int | None]) -> int | None:
+    """Total forward movement of a monotonic counter; a decrease is a reset. None if unknown."""
+    known = [v for v in values if v is not None]
+    if len(known) < 2:
+        return None
+    total = 0
+    for before, after in zip(known, known[1:], strict=False):
+        total += after - before if after >= before else after
+    return total
+
+
+def fmt_int(value: float | None) -> str:
+    return "unknown" if value is None else f"{round(value):,}"
+
+
+def fmt_duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "unknown"
+    seconds = max(0.0, seconds)
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min"
+    if seconds < 172800:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 86400:.1f} d"
+
+
+def stale(reason: str) -> Assessment:
+    """The assessment of a channel whose broker did not answer: never OK."""
+    return Assessment(HealthState.STALE, evidence=[reason])
+
+
+def evaluate(
+    points: Sequence[Point],
+    thresholds: Thresholds,
+    *,
+    previous: str | None = None,
+    now: float,
+    stale_after_s: float,
+) -> Assessment:
+    """Assess the channel from ``points`` (oldest first) at time ``now``.
+
+    Steps: 1. no data / old data → UNKNOWN / STALE; 2. measure the window (trend, counters,
+    consumers); 3. DLQ flags; 4. the primary state, worst rule first, with hysteresis against
+    ``previous``; 5. drain rate and ETA.
+    """
+    # 1. Freshness.
+    if not points:
+        return Assessment(HealthState.UNKNOWN, evidence=["No sample yet: waiting for a poll."])
+    last = points[-1]
+    if now - last.t > stale_after_s:
+        return stale(f"Last sample {fmt_duration(now - last.t)} ago: the poller is behind.")
+    if not last.exists:
+        return Assessment(
+            HealthState.UNKNOWN,
+            evidence=["The declared address does not exist on the broker."],
+        )
+
+    # 2. The window.
+    window = [p for p in points if p.t >= now - WINDOW_S and p.exists]
+    span = window[-1].t - window[0].t if len(window) > 1 else 0.0
+    backlog_series = [(p.t, float(p.backlog)) for p in window if p.backlog is not None]
+    slope = theil_sen(backlog_series) if len(backlog_series) >= MIN_POINTS else None
+    acks = counter_progress([p.acked for p in window])
+    if acks is None:
+        acks = counter_progress([p.delivered for p in window])
+    produced = counter_progress([p.produced for p in window])
+    redelivered = counter_progress([p.redelivered for p in window])
+    delivered = counter_progress([p.delivered for p in window])
+    ack_rate = acks / span if acks is not None and span > 0 else None
+    backlog = last.backlog
+    lag_s = last.oldest_age_s
+    if lag_s is None and backlog is not None and ack_rate:
+        lag_s = backlog / ack_rate
+    result = Assessment(HealthState.OK, lag_s=lag_s)
+
+    # 3. Dead letters (secondary flags, independent of the primary state).
+    result.dlq_flags, dlq_evidence = _dlq_flags(window or [last], thresholds)
+
+    # 4. Primary state, worst first.
+    waiting = (backlog or 0) + (last.in_flight or 0)
+    rise = slope * span if slope is not None else None
+    evidence: list[str] = []
+    lagging_reasons = _over_thresholds(last, lag_s, thresholds, ratio=1.0)
+    lagging_hold = _over_thresholds(last, lag_s, thresholds, ratio=EXIT_RATIO)
+
+    poison_enter = redelivered is not None and redelivered >= max(3, 0.2 * (delivered or 0))
+    if poison_enter or (previous == HealthState.POISONED and redelivered):
+        state = HealthState.POISONED
+        evidence.append(
+            f"{fmt_int(redelivered)} redeliveries in {fmt_duration(span)}"
+            f" for {fmt_int(delivered)} deliveries: messages keep coming back."
+        )
+    elif waiting > 0 and (last.active_consumers == 0 or last.consumers == 0):
+        state = HealthState.STOPPED
+        evidence.append(f"{fmt_int(backlog)} messages waiting and no active consumer.")
+    elif (
+        (last.active_consumers or last.consumers or 0) > 0
+        and waiting > 0
+        and acks == 0
+        and span >= STALL_MIN_S
+    ):
+        state = HealthState.STALLED
+        evidence.append(
+            f"{fmt_int(last.active_consumers or last.consumers)} consumer(s) attached but no"
+            f" message acknowledged in {fmt_duration(span)} ({fmt_int(waiting)} waiting)."
+        )
+    elif (
+        last.consumers is None
+        and last.active_consumers is None
+        and acks == 0
+        and (produced or 0) > 0
+        and span >= STALL_MIN_S
+    ):
+        state = HealthState.STOPPED
+        evidence.append(
+            f"{fmt_int(produced)} messages produced in {fmt_duration(span)} and none acknowledged."
+        )
+    elif (
+        (rise is not None and rise >= _significant(backlog_series))
+        or lagging_reasons
+        or (previous == HealthState.LAGGING and ((rise is not None and rise > 0) or lagging_hold))
+    ):
+        state = HealthState.LAGGING
+        if rise is not None and rise > 0 and backlog_series:
+            tail = " while acks stalled" if acks == 0 else ""
+            if ack_rate:
+                tail = f" (acks {ack_rate:,.1f}/s)"
+            evidence.append(
+                f"backlog grew {fmt_int(backlog_series[0][1])} → {fmt_int(backlog_series[-1][1])}"
+                f" over {fmt_duration(span)}{tail}"
+            )
+        evidence.extend(lagging_reasons or lagging_hold)
+    elif backlog and rise is not None and rise < 0 and -rise >= _significant(backlog_series):
+        state = HealthState.CATCHING_UP
+        evidence.append(
+            f"backlog falling {fmt_int(backlog_series[0][1])} → {fmt_int(backlog_series[-1][1])}"
+            f" over {fmt_duration(span)}"
+        )
+    elif waiting == 0 and not produced and not acks and backlog is not None:
+        state = HealthState.IDLE
+        evidence.append("Nothing waiting and no traffic in the window.")
+    else:
+        state = HealthState.OK
+        if backlog is None:
+            evidence.append("Backlog unknown: the broker does not report it for this address.")
+        else:
+            evidence.append(f"backlog {fmt_int(backlog)}, steady")
+    if (
+        thresholds.min_consumers is not None
+        and last.active_consumers is not None
+        and last.active_consumers < thresholds.min_consumers
+        and state not in (HealthState.STOPPED,)
+    ):
+        evidence.append(
+            f"{last.active_consumers} active consumer(s), fewer than the declared minimum"
+            f" {thresholds.min_consumers}."
+        )
+    result.state = state
+    result.evidence = evidence + dlq_evidence
+
+    # 5. Drain rate and ETA: only meaningful while the backlog shrinks.
+    if slope is not None:
+        result.drain_rate = -slope
+        if slope < 0 and backlog:
+            result.eta_s = backlog / -slope
+    return result
+
+
+def _significant(series: Sequence[tuple[float, float]]) -> float:
+    """How much the backlog must move over the window to count as a trend: 10 messages or 10 %
+    of the median level, whichever is larger."""
+    level = statistics.median([y for _, y in series]) if series else 0.0
+    return max(10.0, 0.1 * level)
+
+
+def _over_thresholds(
+    last: Point, lag_s: float | None, thresholds: Thresholds, *, ratio: float
+) -> list[str]:
+    reasons = []
+    if (
+        thresholds.lag_messages is not None
+        and last.backlog is not None
+        and last.backlog >= thresholds.lag_messages * ratio
+        and thresholds.lag_messages > 0
+    ):
+        reasons.append(
+            f"backlog {fmt_int(last.backlog)} ≥ declared {fmt_int(thresholds.lag_messages)}"
+            if ratio == 1.0
+            else f"backlog {fmt_int(last.backlog)} still near the declared"
+            f" {fmt_int(thresholds.lag_messages)}"
+        )
+    if (
+        thresholds.lag_seconds is not None
+        and lag_s is not None
+        and lag_s >= thresholds.lag_seconds * ratio
+        and thresholds.lag_seconds > 0
+    ):
+        reasons.append(f"lag {fmt_duration(lag_s)} vs declared {thresholds.lag_seconds} s")
+    if (
+        thresholds.oldest_age_s is not None
+        and last.oldest_age_s is not None
+        and last.oldest_age_s >= thresholds.oldest_age_s * ratio
+        and thresholds.oldest_age_s > 0
+    ):
+        reasons.append(
+            f"oldest message {fmt_duration(last.oldest_age_s)} old vs declared"
+            f" {thresholds.oldest_age_s} s"
+        )
+    return reasons
+
+
+def _dlq_flags(window: Sequence[Point], thresholds: Thresholds) -> tuple[list[DlqFlag], list[str]]:
+    flags: list[DlqFlag] = []
+    evidence: list[str] = []
+    last = window[-1]
+    depths = [p.dlq_depth for p in window if p.dlq_depth is not None]
+    poison = [p.poison_depth for p in window if p.poison_depth is not None]
+    grew = len(depths) > 1 and depths[-1] > depths[0]
+    dead = counter_progress([p.dead_lettered for p in window])
+    poison_grew = len(poison) > 1 and poison[-1] > poison[0]
+    if grew or poison_grew or (dead or 0) > 0:
+        flags.append(DlqFlag.INFLOW)
+        if grew:
+            evidence.append(f"DLQ grew {fmt_int(depths[0])} → {fmt_int(depths[-1])}")
+        if poison_grew:
+            evidence.append(f"poison queue grew {fmt_int(poison[0])} → {fmt_int(poison[-1])}")
+        if (dead or 0) > 0 and not grew:
+            evidence.append(f"{fmt_int(dead)} messages dead-lettered in the window")
+    max_age = thresholds.oldest_age_s or DEFAULT_DLQ_AGE_S
+    if last.dlq_age_s is not None and last.dlq_depth and last.dlq_age_s >= max_age:
+        flags.append(DlqFlag.AGED)
+        evidence.append(f"oldest dead letter waits {fmt_duration(last.dlq_age_s)}")
+    limit = thresholds.dlq_depth or 0
+    total = (last.dlq_depth or 0) + (last.poison_depth or 0)
+    if total > limit:
+        flags.append(DlqFlag.NONEMPTY)
+        evidence.append(
+            f"{fmt_int(last.dlq_depth)} in the DLQ, {fmt_int(last.poison_depth)} poison"
+            f" (alert above {limit})"
+        )
+    return flags, evidence

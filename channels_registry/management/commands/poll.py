@@ -1,0 +1,59 @@
+"""``poll --once``: poll every enabled broker now and print one summary line per broker."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.utils import timezone
+
+from channels_registry.models import Broker
+from channels_registry.polling import PollOutcome, do_poll_broker, due_brokers
+
+
+class Command(BaseCommand):
+    help = "Poll the enabled brokers (--once: each one now, then exit; else: forever, as due)."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--once", action="store_true", help="Poll every broker once, exit.")
+        parser.add_argument("--broker", help="Only this broker (by name).")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        brokers = Broker.objects.filter(enabled=True).order_by("name")
+        if options["broker"]:
+            brokers = brokers.filter(name=options["broker"])
+        if not options["once"]:
+            self._forever()
+            return
+        if not brokers.exists():
+            self.stdout.write("No enabled broker is declared: nothing to poll.")
+            return
+        outcomes = [do_poll_broker(b.pk, force=True) for b in brokers]
+        for outcome in outcomes:
+            self.stdout.write(self._line(outcome))
+        failed = [o for o in outcomes if o.status == "failed"]
+        self.stdout.write(
+            f"total: {len(outcomes)} broker(s), {sum(o.channels for o in outcomes)} channel(s),"
+            f" {sum(o.duration_s for o in outcomes):.2f} s, {len(failed)} failed"
+        )
+        if len(failed) == len(outcomes):
+            raise CommandError("every broker failed to answer")
+
+    def _line(self, o: PollOutcome) -> str:
+        trips = "" if o.round_trips is None else f", {o.round_trips} round trip(s)"
+        errors = f", {len(o.errors)} error(s): " + "; ".join(o.errors) if o.errors else ""
+        return (
+            f"{o.broker}: {o.status}, {o.channels} channel(s), {o.duration_s * 1000:.0f} ms"
+            f"{trips}{errors}"
+        )
+
+    def _forever(self) -> None:
+        self.stdout.write("Polling brokers as they fall due; Ctrl-C to stop.")
+        try:
+            while True:
+                for broker_id in due_brokers(timezone.now()):
+                    self.stdout.write(self._line(do_poll_broker(broker_id)))
+                time.sleep(1.0)
+        except KeyboardInterrupt:
+            return

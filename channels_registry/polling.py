@@ -1,0 +1,507 @@
+"""Polling a broker: one adapter call per broker, samples, health, then a push to the board.
+
+``do_poll_broker`` is the action (re-exported by ``channels_registry.actions``). It is not one
+big ``@transaction.atomic``: the broker call happens *between* two short transactions, so no
+database transaction (nor SQLite's write lock) is held while waiting on the network.
+
+1. Claim the broker: a conditional UPDATE of the lease (single flight). A poll that finds the
+   lease held is an overrun: skipped and counted.
+2. Outside any transaction: build the adapter, ``poll`` every enabled channel's addresses (main,
+   DLQ, poison) in one call; every so often also ``inspect`` the topology.
+3. One transaction: bulk-insert samples, upsert the minute rollups, evaluate health, upsert the
+   ``ChannelHealth`` rows, record success/failure with backoff and circuit breaker, release
+   the lease; after commit, push the rows that changed to the board's websocket group.
+
+A broker that fails marks every channel STALE (never OK) and writes stale samples (all NULL).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import logging
+import random
+import secrets
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import F, Q
+from django.utils import timezone
+
+from brokers import get_adapter
+from brokers.base import Address, BrokerError, ChannelStats, PollResult, Topology
+from channels_registry import health, observed
+from channels_registry.models import (
+    Broker,
+    BrokerConfigError,
+    BrokerKind,
+    BrokerPollState,
+    Channel,
+    ChannelHealth,
+    ChannelRollup,
+    ChannelSample,
+)
+
+log = logging.getLogger(__name__)
+
+#: The consumer group the dashboard drains Redis DLQ streams with (see brokers/redis_streams).
+REDIS_DRAIN_GROUP = "dlo-ingest"
+#: Topology is read on every INSPECT_EVERY-th poll, and at least every INSPECT_MAX_AGE.
+INSPECT_EVERY = 10
+INSPECT_MAX_AGE = dt.timedelta(minutes=5)
+#: Consecutive failures after which the circuit opens (scheduled polls skip the broker).
+CIRCUIT_AFTER = 3
+MAX_BACKOFF_S = 300.0
+#: The health window cache keeps at most this many points (and only WINDOW_S of them).
+WINDOW_MAX_POINTS = 120
+SPARK_MINUTES = 60
+
+
+@dataclasses.dataclass
+class PollOutcome:
+    broker: str
+    status: str  # "ok" | "failed" | "overrun" | "circuit-open" | "disabled"
+    channels: int = 0
+    duration_s: float = 0.0
+    round_trips: int | None = None
+    errors: list[str] = dataclasses.field(default_factory=list)
+    changed: list[int] = dataclasses.field(default_factory=list)
+
+
+@dataclasses.dataclass(frozen=True)
+class ChannelAddresses:
+    main: Address
+    dlq: tuple[Address, ...] = ()
+    poison: tuple[Address, ...] = ()
+
+    def all(self) -> list[Address]:
+        return [self.main, *self.dlq, *self.poison]
+
+
+def channel_addresses(channel: Channel, kind: str) -> ChannelAddresses:
+    """The addresses sampled for one channel. Redis dead-letter streams are sampled through the
+    dashboard's drain group (what is not ingested yet) and as a plain stream (fallback before
+    that group exists); other brokers sample the DLQ queue/stream itself."""
+
+    def dead(name: str) -> tuple[Address, ...]:
+        if not name:
+            return ()
+        if kind == BrokerKind.REDIS:
+            return (Address(name, REDIS_DRAIN_GROUP), Address(name))
+        return (Address(name),)
+
+    return ChannelAddresses(
+        Address(channel.address, channel.address_group),
+        dead(channel.dlq_address),
+        dead(channel.poison_address),
+    )
+
+
+def dead_letter_depth(
+    addresses: Sequence[Address], stats: dict[Address, ChannelStats]
+) -> tuple[int | None, float | None]:
+    """(depth, oldest age) of a dead-letter address; the first address that exists wins."""
+    for address in addresses:
+        sample = stats.get(address)
+        if sample is None or not sample.exists:
+            continue
+        if address.group:
+            if sample.backlog is None or sample.in_flight is None:
+                continue
+            return sample.backlog + sample.in_flight, sample.oldest_message_age_s
+        depth = sample.retained
+        if depth is None and sample.backlog is not None:
+            depth = sample.backlog + (sample.in_flight or 0)
+        return depth, sample.oldest_message_age_s
+    return None, None
+
+
+def _lease_length() -> dt.timedelta:
+    return dt.timedelta(seconds=max(60.0, 6 * float(settings.DLO_BROKER_TIMEOUT_S)))
+
+
+def _claim(broker: Broker, now: dt.datetime, *, force: bool) -> tuple[str | None, str]:
+    """Claim the broker's lease; returns (token, "") or (None, reason skipped)."""
+    state, _ = BrokerPollState.objects.get_or_create(broker=broker)
+    if not force and state.circuit_open_until and state.circuit_open_until > now:
+        return None, "circuit-open"
+    token = secrets.token_hex(8)
+    claimed = (
+        BrokerPollState.objects.filter(pk=broker.pk)
+        .filter(Q(lease_until__isnull=True) | Q(lease_until__lte=now))
+        .update(lease_until=now + _lease_length(), lease_token=token, last_started_at=now)
+    )
+    if not claimed:
+        BrokerPollState.objects.filter(pk=broker.pk).update(overruns=F("overruns") + 1)
+        return None, "overrun"
+    return token, ""
+
+
+def _inspect_due(state: BrokerPollState, now: dt.datetime) -> bool:
+    return (
+        state.last_inspect_at is None
+        or now - state.last_inspect_at >= INSPECT_MAX_AGE
+        or state.polls % INSPECT_EVERY == 0
+    )
+
+
+def do_poll_broker(broker_id: int, *, force: bool = False) -> PollOutcome:
+    """Poll one broker (see the module docstring). ``force`` ignores an open circuit (used by
+    ``manage.py poll --once``); it never ignores another poll's lease."""
+    broker = Broker.objects.get(pk=broker_id)
+    if not broker.enabled:
+        return PollOutcome(broker.name, "disabled")
+    started = time.monotonic()
+    now = timezone.now()
+    # 1. Claim.
+    token, skipped = _claim(broker, now, force=force)
+    if token is None:
+        return PollOutcome(broker.name, skipped)
+    state = BrokerPollState.objects.get(pk=broker.pk)
+    channels = list(broker.channels.filter(enabled=True).order_by("pk"))
+    addresses = {c.pk: channel_addresses(c, broker.kind) for c in channels}
+    # 2. The broker call, outside any transaction.
+    result: PollResult | None = None
+    topology: dict[Address, Topology] | None = None
+    error = ""
+    errors: list[str] = []
+    try:
+        adapter = get_adapter(
+            broker.kind,
+            broker.connection_url(),
+            management_url=broker.management_url or None,
+            timeout=float(settings.DLO_BROKER_TIMEOUT_S),
+        )
+        wanted = sorted({a for ca in addresses.values() for a in ca.all()})
+        result = adapter.poll(wanted) if wanted else PollResult({}, 0, 0.0)
+        errors.extend(result.errors)
+        if channels and _inspect_due(state, now):
+            try:
+                topology = adapter.inspect(sorted({ca.main for ca in addresses.values()}))
+            except BrokerError as exc:
+                errors.append(f"inspect: {exc}")
+    except (BrokerConfigError, BrokerError) as exc:
+        error = str(exc)
+    except Exception as exc:  # an adapter bug must not leave channels looking healthy
+        log.exception("poll of broker %s failed unexpectedly", broker.name)
+        error = f"{type(exc).__name__}: {exc}"
+    # 3. Store.
+    try:
+        outcome = _store(broker, state, token, channels, addresses, result, topology, error)
+    except BaseException:
+        BrokerPollState.objects.filter(pk=broker.pk, lease_token=token).update(lease_until=None)
+        raise
+    outcome.errors = ([error] if error else []) + errors
+    outcome.duration_s = time.monotonic() - started
+    return outcome
+
+
+@transaction.atomic
+def _store(
+    broker: Broker,
+    state: BrokerPollState,
+    token: str,
+    channels: list[Channel],
+    addresses: dict[int, ChannelAddresses],
+    result: PollResult | None,
+    topology: dict[Address, Topology] | None,
+    error: str,
+) -> PollOutcome:
+    now = timezone.now()
+    now_s = now.timestamp()
+    minute = now.replace(second=0, microsecond=0)
+    existing = {h.pk: h for h in ChannelHealth.objects.filter(channel__in=channels)}
+    samples: list[ChannelSample] = []
+    rollups: list[ChannelRollup] = []
+    rows: list[ChannelHealth] = []
+    changed: list[int] = []
+    failures = 0 if result is not None else state.consecutive_failures + 1
+    for channel in channels:
+        row = existing.get(channel.pk) or ChannelHealth(channel=channel)
+        before = _display_key(row)
+        if result is None:
+            samples.append(ChannelSample(channel=channel, taken_at=now, stale=True, error=error))
+            rollups.append(ChannelRollup(channel=channel, minute=minute, stale=True))
+            _apply(
+                row,
+                health.stale(
+                    f"{broker.name} did not answer: {error}"
+                    + (f" ({failures} failures in a row)" if failures > 1 else "")
+                ),
+                now,
+            )
+        else:
+            sample, point = _sample(channel, addresses[channel.pk], result, now)
+            samples.append(sample)
+            rollups.append(
+                ChannelRollup(
+                    channel=channel,
+                    minute=minute,
+                    backlog=sample.backlog,
+                    in_flight=sample.in_flight,
+                    consumers=sample.consumers,
+                    active_consumers=sample.active_consumers,
+                    dlq_depth=sample.dlq_depth,
+                    poison_depth=sample.poison_depth,
+                )
+            )
+            window = [health.Point.from_list(v) for v in row.window or []]
+            window = [p for p in window if p.t >= now_s - health.WINDOW_S] + [point]
+            window = window[-WINDOW_MAX_POINTS:]
+            assessment = health.evaluate(
+                window,
+                health.Thresholds.from_channel(channel),
+                previous=row.state,
+                now=now_s,
+                stale_after_s=stale_after_s(broker),
+            )
+            row.window = [p.as_list() for p in window]
+            row.backlog = sample.backlog
+            row.in_flight = sample.in_flight
+            row.consumers = sample.consumers
+            row.active_consumers = sample.active_consumers
+            row.oldest_age_s = sample.oldest_message_age_s
+            row.dlq_depth = sample.dlq_depth
+            row.poison_depth = sample.poison_depth
+            row.last_sample_at = now
+            row.spark = _spark(row.spark or [], minute, sample.backlog)
+            _apply(row, assessment, now)
+            if topology is not None:
+                found = topology.get(addresses[channel.pk].main)
+                if found is not None:
+                    row.observed = _topology_dict(found)
+                    row.observed_findings = observed.compare(channel, row.observed)
+                    row.observed_at = now
+        rows.append(row)
+        if _display_key(row) != before:
+            changed.append(channel.pk)
+    ChannelSample.objects.bulk_create(samples, batch_size=500)
+    ChannelRollup.objects.bulk_create(
+        rollups,
+        batch_size=500,
+        update_conflicts=True,
+        unique_fields=["channel", "minute"],
+        update_fields=[
+            "stale",
+            "backlog",
+            "in_flight",
+            "consumers",
+            "active_consumers",
+            "dlq_depth",
+            "poison_depth",
+        ],
+    )
+    ChannelHealth.objects.bulk_create(
+        rows,
+        batch_size=500,
+        update_conflicts=True,
+        unique_fields=["channel"],
+        update_fields=[f.name for f in ChannelHealth._meta.concrete_fields if not f.primary_key],
+    )
+    _record_state(broker, state, token, now, result, topology is not None, error, failures)
+    if changed:
+        from dashboard.live import push_board_rows
+
+        ids = list(changed)
+        transaction.on_commit(lambda: push_board_rows(ids), robust=True)
+    return PollOutcome(
+        broker.name,
+        "ok" if result is not None else "failed",
+        channels=len(channels),
+        round_trips=result.round_trips if result is not None else None,
+        changed=changed,
+    )
+
+
+def stale_after_s(broker: Broker) -> float:
+    """A sample older than this is stale: three missed polls, and never under a minute."""
+    return max(60.0, 3.0 * broker.poll_interval_s)
+
+
+def _record_state(
+    broker: Broker,
+    state: BrokerPollState,
+    token: str,
+    now: dt.datetime,
+    result: PollResult | None,
+    inspected: bool,
+    error: str,
+    failures: int,
+) -> None:
+    interval = float(broker.poll_interval_s)
+    updates: dict[str, Any] = {"lease_until": None, "polls": F("polls") + 1}
+    if result is not None:
+        updates.update(
+            consecutive_failures=0,
+            circuit_open_until=None,
+            last_success_at=now,
+            last_duration_ms=round(result.duration_s * 1000),
+            last_round_trips=result.round_trips,
+            next_due_at=now + dt.timedelta(seconds=interval * random.uniform(0.9, 1.1)),
+        )
+        if inspected:
+            updates["last_inspect_at"] = now
+    else:
+        # Exponential backoff with jitter; after CIRCUIT_AFTER failures the circuit opens until
+        # the next attempt, which is then a single trial (half-open).
+        delay = min(MAX_BACKOFF_S, interval * 2 ** (failures - 1)) * random.uniform(0.8, 1.2)
+        updates.update(
+            consecutive_failures=failures,
+            last_error=error[:2000],
+            last_error_at=now,
+            next_due_at=now + dt.timedelta(seconds=delay),
+            circuit_open_until=(
+                now + dt.timedelta(seconds=delay) if failures >= CIRCUIT_AFTER else None
+            ),
+        )
+    BrokerPollState.objects.filter(pk=broker.pk, lease_token=token).update(**updates)
+
+
+def _apply(row: ChannelHealth, assessment: health.Assessment, now: dt.datetime) -> None:
+    if row.state != assessment.state or row.state_since is None:
+        row.state_since = now
+    row.state = assessment.state
+    row.dlq_flags = [str(f) for f in assessment.dlq_flags]
+    row.evidence = assessment.evidence
+    row.severity = assessment.severity
+    row.lag_s = assessment.lag_s
+    row.drain_rate = assessment.drain_rate
+    row.eta_s = assessment.eta_s
+    row.updated_at = now
+
+
+def _display_key(row: ChannelHealth) -> tuple[Any, ...]:
+    """What the board row shows, minus the clock: a change here is pushed to the board."""
+    return (
+        row.state,
+        tuple(row.dlq_flags or ()),
+        row.backlog,
+        row.in_flight,
+        row.consumers,
+        row.active_consumers,
+        None if row.lag_s is None else round(row.lag_s),
+        row.dlq_depth,
+        row.poison_depth,
+        None if row.eta_s is None else round(row.eta_s / 10),
+        tuple(tuple(p) for p in row.spark or ()),
+    )
+
+
+def _spark(spark: list[list[Any]], minute: dt.datetime, backlog: int | None) -> list[list[Any]]:
+    """The last hour of backlog, one point per minute (the minute's last value)."""
+    key = int(minute.timestamp())
+    kept = [p for p in spark if p[0] > key - SPARK_MINUTES * 60 and p[0] != key]
+    return [*kept, [key, backlog]]
+
+
+def _sample(
+    channel: Channel,
+    addresses: ChannelAddresses,
+    result: PollResult,
+    now: dt.datetime,
+) -> tuple[ChannelSample, health.Point]:
+    stats = result.stats.get(addresses.main)
+    dlq_depth, dlq_age = dead_letter_depth(addresses.dlq, result.stats)
+    poison_depth, _ = dead_letter_depth(addresses.poison, result.stats)
+    s = stats if stats is not None and stats.exists else None
+    sample = ChannelSample(
+        channel=channel,
+        taken_at=now,
+        exists=None if stats is None else stats.exists,
+        error="" if stats is not None else "address missing from the broker's answer",
+        backlog=s.backlog if s else None,
+        in_flight=s.in_flight if s else None,
+        retained=s.retained if s else None,
+        consumers=s.consumers if s else None,
+        active_consumers=s.active_consumers if s else None,
+        redelivered=s.redelivered if s else None,
+        oldest_message_age_s=s.oldest_message_age_s if s else None,
+        oldest_unacked_age_s=s.oldest_unacked_age_s if s else None,
+        produced=s.produced if s else None,
+        delivered=s.delivered if s else None,
+        acked=s.acked if s else None,
+        dead_lettered=s.dead_lettered if s else None,
+        dlq_depth=dlq_depth,
+        dlq_oldest_age_s=dlq_age,
+        poison_depth=poison_depth,
+    )
+    point = health.Point(
+        t=now.timestamp(),
+        backlog=sample.backlog,
+        in_flight=sample.in_flight,
+        consumers=sample.consumers,
+        active_consumers=sample.active_consumers,
+        redelivered=sample.redelivered,
+        oldest_age_s=sample.oldest_message_age_s,
+        produced=sample.produced,
+        delivered=sample.delivered,
+        acked=sample.acked,
+        dead_lettered=sample.dead_lettered,
+        dlq_depth=dlq_depth,
+        dlq_age_s=dlq_age,
+        poison_depth=poison_depth,
+        exists=stats is None or stats.exists,
+    )
+    return sample, point
+
+
+def _topology_dict(topology: Topology) -> dict[str, Any]:
+    data = dataclasses.asdict(topology)
+    data["address"] = str(topology.address)
+    return data
+
+
+def due_brokers(now: dt.datetime) -> list[int]:
+    """Brokers whose next poll is due, claimed for scheduling by a conditional UPDATE of
+    ``next_due_at`` so that two schedulers do not enqueue the same broker twice."""
+    due: list[int] = []
+    for broker in Broker.objects.filter(enabled=True).only("pk", "poll_interval_s"):
+        state, _ = BrokerPollState.objects.get_or_create(broker=broker)
+        if state.next_due_at is not None and state.next_due_at > now:
+            continue
+        if state.circuit_open_until is not None and state.circuit_open_until > now:
+            continue
+        # Provisional: the poll itself sets the real next_due_at when it finishes.
+        provisional = now + dt.timedelta(seconds=broker.poll_interval_s)
+        claimed = BrokerPollState.objects.filter(
+            pk=broker.pk, next_due_at=state.next_due_at
+        ).update(next_due_at=provisional)
+        if claimed:
+            due.append(broker.pk)
+    return due
+
+
+def prune_samples(
+    *,
+    raw_hours: int | None = None,
+    rollup_days: int | None = None,
+    batch: int = 5000,
+    max_batches: int = 20,
+) -> tuple[int, int]:
+    """Delete raw samples older than ``raw_hours`` and rollups older than ``rollup_days``, in
+    bounded batches (at most ``batch * max_batches`` rows of each per call), each batch its own
+    short transaction so that pruning never holds a long lock."""
+    raw_hours = raw_hours or settings.DLO_SAMPLE_RETENTION_HOURS
+    rollup_days = rollup_days or settings.DLO_ROLLUP_RETENTION_DAYS
+    now = timezone.now()
+    deleted: list[int] = []
+    model: Any
+    for model, field, cutoff in (
+        (ChannelSample, "taken_at", now - dt.timedelta(hours=raw_hours)),
+        (ChannelRollup, "minute", now - dt.timedelta(days=rollup_days)),
+    ):
+        total = 0
+        for _ in range(max_batches):
+            ids = list(
+                model.objects.filter(**{f"{field}__lt": cutoff})
+                .order_by(field)
+                .values_list("pk", flat=True)[:batch]
+            )
+            if not ids:
+                break
+            total += model.objects.filter(pk__in=ids).delete()[0]
+        deleted.append(total)
+    return deleted[0], deleted[1]

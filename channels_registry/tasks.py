@@ -1,0 +1,30 @@
+"""Celery tasks of polling: thin wrappers over ``channels_registry.polling``; they take ids."""
+
+from __future__ import annotations
+
+from celery import shared_task
+from django.utils import timezone
+
+from channels_registry.polling import do_poll_broker, due_brokers, prune_samples
+
+
+@shared_task(acks_late=True, ignore_result=True)
+def poll_broker_task(broker_id: int) -> str:
+    """One poll of one broker. Re-entry is safe: the lease makes an overlapping run a no-op
+    (counted as an overrun), so no retry decorator is needed; the next tick polls again."""
+    return do_poll_broker(broker_id).status
+
+
+@shared_task(ignore_result=True)
+def schedule_polls_task() -> int:
+    """Enqueue one poll per broker that is due (jittered interval, backoff, circuit breaker)."""
+    due = due_brokers(timezone.now())
+    for broker_id in due:
+        poll_broker_task.delay(broker_id)
+    return len(due)
+
+
+@shared_task(ignore_result=True)
+def prune_samples_task() -> list[int]:
+    """Bounded storage: drop raw samples past their window and rollups past 30 days."""
+    return list(prune_samples())

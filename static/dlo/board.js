@@ -1,0 +1,60 @@
+// Health board: live-update status and the polling fallback. No inline scripts (CSP).
+(function () {
+  "use strict";
+  var POLL_MS = 15000;
+  var timer = null;
+  var lostTimer = null;
+
+  function banner(show) {
+    var el = document.getElementById("live-lost");
+    if (el) { el.hidden = !show; }
+  }
+  function startPolling() {
+    banner(true);
+    if (timer) { return; }
+    timer = setInterval(function () {
+      var board = document.getElementById("board");
+      if (board && window.htmx) { window.htmx.trigger(board, "dlo:refresh"); }
+    }, POLL_MS);
+  }
+  function stopPolling() {
+    if (lostTimer) { clearTimeout(lostTimer); lostTimer = null; }
+    var wasPolling = timer !== null;
+    if (timer) { clearInterval(timer); timer = null; }
+    banner(false);
+    return wasPolling;
+  }
+  document.addEventListener("htmx:wsOpen", function () {
+    // Back live: catch up on what changed while the socket was down, then stop polling.
+    if (stopPolling()) {
+      var board = document.getElementById("board");
+      if (board && window.htmx) { window.htmx.trigger(board, "dlo:refresh"); }
+    }
+  });
+  function lost() {
+    // A filter change also closes the old socket for a moment: wait before declaring it lost.
+    if (lostTimer || timer) { return; }
+    lostTimer = setTimeout(function () {
+      lostTimer = null;
+      var board = document.getElementById("board");
+      if (!board || !board.__dloOpen) { startPolling(); }
+    }, 3000);
+  }
+  document.addEventListener("htmx:wsOpen", function (e) { e.target.__dloOpen = true; });
+  document.addEventListener("htmx:wsClose", function (e) { e.target.__dloOpen = false; lost(); });
+  document.addEventListener("htmx:wsError", function (e) { e.target.__dloOpen = false; lost(); });
+
+  function fmt(seconds) {
+    if (seconds < 90) { return Math.max(0, Math.round(seconds)) + " s"; }
+    if (seconds < 5400) { return Math.round(seconds / 60) + " min"; }
+    if (seconds < 172800) { return (seconds / 3600).toFixed(1) + " h"; }
+    return (seconds / 86400).toFixed(1) + " d";
+  }
+  setInterval(function () {
+    var now = Date.now();
+    document.querySelectorAll("time[data-age]").forEach(function (el) {
+      var at = Date.parse(el.getAttribute("datetime"));
+      if (!isNaN(at)) { el.textContent = fmt((now - at) / 1000) + " ago"; }
+    });
+  }, 5000);
+})();

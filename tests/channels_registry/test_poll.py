@@ -1,0 +1,402 @@
+"""Polling against the real brokers on loopback: exact sampled values, states, STALE on failure.
+
+Every test declares its broker with ``url_env`` pointing at an environment variable set with
+``monkeypatch``, creates uniquely named queues/streams with known depth, polls through the
+action, and deletes what it created.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import nats
+import pika
+import pytest
+import redis
+from django.core.management import call_command
+from django.core.management.base import CommandError
+from django.utils import timezone
+from nats.js.api import AckPolicy, ConsumerConfig
+
+from channels_registry.actions import do_poll_broker
+from channels_registry.health import DlqFlag, HealthState
+from channels_registry.models import (
+    BrokerKind,
+    BrokerPollState,
+    ChannelHealth,
+    ChannelRollup,
+    ChannelSample,
+)
+from channels_registry.polling import due_brokers, prune_samples
+from tests.conftest import broker_required, client_for, make_broker, make_channel
+
+RABBIT_URL = "amqp://guest:guest@127.0.0.1:5672/%2F"
+REDIS_URL = "redis://127.0.0.1:6379/0"
+NATS_URL = "nats://127.0.0.1:4222"
+
+pytestmark = [pytest.mark.broker, pytest.mark.django_db]
+
+
+def _name(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture
+def amqp() -> Iterator[Any]:
+    try:
+        connection = pika.BlockingConnection(pika.URLParameters(RABBIT_URL))
+    except Exception as exc:
+        broker_required("RabbitMQ", exc)
+    channel = connection.channel()
+    created: list[str] = []
+    channel.created = created  # type: ignore[attr-defined]
+    yield channel
+    for name in created:
+        with contextlib.suppress(Exception):
+            channel.queue_delete(name)
+    connection.close()
+
+
+def _queue(channel: Any, depth: int, **arguments: Any) -> str:
+    name = _name("dlo-poll")
+    channel.queue_declare(name, arguments={"x-queue-type": "classic", **arguments})
+    channel.created.append(name)
+    for i in range(depth):
+        channel.basic_publish("", name, f"m{i}".encode())
+    return name
+
+
+@pytest.fixture
+def rabbit_broker(monkeypatch: pytest.MonkeyPatch, amqp: Any) -> Any:
+    monkeypatch.setenv("DLO_TEST_RABBIT_URL", RABBIT_URL)
+    return make_broker(name="rabbit", kind=BrokerKind.RABBITMQ, url_env="DLO_TEST_RABBIT_URL")
+
+
+def test_rabbitmq_poll_samples_exact_depths_and_stopped(amqp: Any, rabbit_broker: Any) -> None:
+    queue = _queue(amqp, 7)
+    dlq = _queue(amqp, 2)
+    poison = _queue(amqp, 1)
+    channel = make_channel(rabbit_broker, address=queue, dlq_address=dlq, poison_address=poison)
+
+    outcome = do_poll_broker(rabbit_broker.pk)
+
+    assert outcome.status == "ok", outcome.errors
+    assert outcome.channels == 1
+    sample = ChannelSample.objects.get(channel=channel)
+    assert (sample.backlog, sample.consumers, sample.dlq_depth, sample.poison_depth) == (7, 0, 2, 1)
+    assert sample.exists is True and sample.stale is False
+    assert sample.in_flight is None  # the passive-declare path cannot see it: unknown, not 0
+    health = ChannelHealth.objects.get(channel=channel)
+    assert health.state == HealthState.STOPPED
+    assert health.evidence[0] == "7 messages waiting and no active consumer."
+    assert DlqFlag.NONEMPTY in health.dlq_flags
+    assert ChannelRollup.objects.filter(channel=channel, backlog=7).count() == 1
+    state = BrokerPollState.objects.get(pk=rabbit_broker.pk)
+    assert state.lease_until is None and state.consecutive_failures == 0
+    assert state.last_success_at is not None
+
+
+def test_rabbitmq_consumer_stopping_turns_channel_stopped(amqp: Any, rabbit_broker: Any) -> None:
+    queue = _queue(amqp, 5)
+    channel = make_channel(rabbit_broker, address=queue, dlq_address="", poison_address="")
+    consumer_connection = pika.BlockingConnection(pika.URLParameters(RABBIT_URL))
+    consumer = consumer_connection.channel()
+    consumer.basic_qos(prefetch_count=2)
+    consumer.basic_consume(queue, lambda *a: None, auto_ack=False)
+    consumer_connection.process_data_events(time_limit=0.5)
+
+    do_poll_broker(rabbit_broker.pk)
+    first = ChannelSample.objects.filter(channel=channel).latest("taken_at")
+    assert (first.backlog, first.consumers) == (3, 1)
+    assert ChannelHealth.objects.get(channel=channel).state != HealthState.STOPPED
+
+    consumer_connection.close()  # the two unacked messages go back to the queue
+    do_poll_broker(rabbit_broker.pk)
+    second = ChannelSample.objects.filter(channel=channel).latest("taken_at")
+    assert (second.backlog, second.consumers) == (5, 0)
+    assert ChannelHealth.objects.get(channel=channel).state == HealthState.STOPPED
+
+
+def test_rabbitmq_missing_queue_is_unknown_and_flagged_as_observed(
+    amqp: Any, rabbit_broker: Any
+) -> None:
+    channel = make_channel(rabbit_broker, address=_name("dlo-missing"), dlq_address="")
+    do_poll_broker(rabbit_broker.pk)
+    sample = ChannelSample.objects.get(channel=channel)
+    assert sample.exists is False and sample.backlog is None
+    health = ChannelHealth.objects.get(channel=channel)
+    assert health.state == HealthState.UNKNOWN
+    assert [f["code"] for f in health.observed_findings] == ["observed.address-missing"]
+
+
+def test_rabbitmq_topology_without_dlx_is_a_finding(
+    amqp: Any, rabbit_broker: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rabbit_broker.management_url = "http://127.0.0.1:15672"
+    rabbit_broker.save()
+    queue = _queue(amqp, 0, **{"x-max-length": 100})
+    channel = make_channel(rabbit_broker, address=queue, dlq_address="orders.dlq")
+    do_poll_broker(rabbit_broker.pk)
+    health = ChannelHealth.objects.get(channel=channel)
+    assert health.observed is not None and health.observed["kind"] == "classic"
+    codes = {f["code"] for f in health.observed_findings}
+    assert "observed.no-dead-letter-exchange" in codes
+    assert "observed.overflow-drop-head" in codes  # a length limit dropping the oldest
+    assert "observed.retry-budget-mismatch" not in codes  # classic queues have no limit
+
+
+def test_rabbitmq_quorum_topology_findings(amqp: Any, rabbit_broker: Any) -> None:
+    rabbit_broker.management_url = "http://127.0.0.1:15672"
+    rabbit_broker.save()
+    name = _name("dlo-poll-q")
+    amqp.queue_declare(
+        name,
+        durable=True,
+        arguments={
+            "x-queue-type": "quorum",
+            "x-delivery-limit": 3,
+            "x-dead-letter-exchange": "",
+            "x-dead-letter-routing-key": "orders.dlq",
+        },
+    )
+    amqp.created.append(name)
+    channel = make_channel(rabbit_broker, address=name, dlq_address="orders.dlq")
+    do_poll_broker(rabbit_broker.pk)
+    health = ChannelHealth.objects.get(channel=channel)
+    codes = {f["code"] for f in health.observed_findings}
+    assert codes == {"observed.retry-budget-mismatch", "observed.at-most-once-dead-lettering"}
+    mismatch = next(f for f in health.observed_findings if "retry" in f["code"])
+    assert mismatch["message"] == (
+        "The broker's delivery-limit is 3; the declared retry budget is 5."
+    )
+
+
+def test_wrong_port_is_stale_never_ok_and_the_board_still_renders(
+    monkeypatch: pytest.MonkeyPatch, viewer: Any
+) -> None:
+    monkeypatch.setenv("DLO_TEST_DEAD_RABBIT", "amqp://guest:guest@127.0.0.1:1/%2F")
+    broker = make_broker(name="down", url_env="DLO_TEST_DEAD_RABBIT")
+    channel = make_channel(broker, address="orders")
+    ChannelHealth.objects.create(channel=channel, state=HealthState.OK, updated_at=timezone.now())
+
+    outcome = do_poll_broker(broker.pk)
+
+    assert outcome.status == "failed" and outcome.errors
+    health = ChannelHealth.objects.get(channel=channel)
+    assert health.state == HealthState.STALE
+    assert health.evidence[0].startswith("down did not answer:")
+    sample = ChannelSample.objects.get(channel=channel)
+    assert sample.stale and sample.backlog is None and sample.error
+    state = BrokerPollState.objects.get(pk=broker.pk)
+    assert state.consecutive_failures == 1 and state.next_due_at > timezone.now()
+    response = client_for(viewer).get("/")
+    assert response.status_code == 200
+    assert b'class="state state-stale">Stale<' in response.content
+    assert b'class="state state-ok"' not in response.content
+
+
+def test_unset_url_env_is_stale_with_the_reason(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("DLO_TEST_UNSET_URL", raising=False)
+    broker = make_broker(name="unset", url_env="DLO_TEST_UNSET_URL")
+    channel = make_channel(broker)
+    assert do_poll_broker(broker.pk).status == "failed"
+    health = ChannelHealth.objects.get(channel=channel)
+    assert health.state == HealthState.STALE
+    assert "DLO_TEST_UNSET_URL is not set" in health.evidence[0]
+
+
+def test_circuit_opens_after_repeated_failures_and_scheduler_skips(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("DLO_TEST_UNSET_URL", raising=False)
+    broker = make_broker(name="unset", url_env="DLO_TEST_UNSET_URL")
+    make_channel(broker)
+    for _ in range(3):
+        assert do_poll_broker(broker.pk, force=True).status == "failed"
+    state = BrokerPollState.objects.get(pk=broker.pk)
+    assert state.consecutive_failures == 3
+    assert state.circuit_open_until is not None and state.circuit_open_until > timezone.now()
+    assert do_poll_broker(broker.pk).status == "circuit-open"
+    assert due_brokers(timezone.now()) == []
+    assert "3 failures in a row" in ChannelHealth.objects.get().evidence[0]
+
+
+def test_overlapping_poll_is_skipped_and_counted(amqp: Any, rabbit_broker: Any) -> None:
+    make_channel(rabbit_broker, address=_queue(amqp, 1))
+    BrokerPollState.objects.create(
+        broker=rabbit_broker, lease_until=timezone.now() + dt.timedelta(minutes=1), lease_token="x"
+    )
+    assert do_poll_broker(rabbit_broker.pk).status == "overrun"
+    assert BrokerPollState.objects.get(pk=rabbit_broker.pk).overruns == 1
+    assert not ChannelSample.objects.exists()
+
+
+def test_scheduler_enqueues_due_broker_once(amqp: Any, rabbit_broker: Any) -> None:
+    make_channel(rabbit_broker, address=_queue(amqp, 1))
+    now = timezone.now()
+    assert due_brokers(now) == [rabbit_broker.pk]
+    assert due_brokers(now) == []  # claimed until its interval passes
+
+
+def test_prune_deletes_old_samples_and_rollups_in_batches(amqp: Any, rabbit_broker: Any) -> None:
+    channel = make_channel(rabbit_broker, address=_queue(amqp, 1))
+    old = timezone.now() - dt.timedelta(days=40)
+    ChannelSample.objects.bulk_create(
+        [ChannelSample(channel=channel, taken_at=old + dt.timedelta(seconds=i)) for i in range(7)]
+    )
+    ChannelRollup.objects.create(channel=channel, minute=old)
+    do_poll_broker(rabbit_broker.pk)
+    assert prune_samples(batch=3, max_batches=10) == (7, 1)
+    assert ChannelSample.objects.count() == 1
+    assert ChannelRollup.objects.count() == 1
+
+
+def test_poll_command_prints_summary_and_fails_when_every_broker_fails(
+    monkeypatch: pytest.MonkeyPatch,
+    amqp: Any,
+    rabbit_broker: Any,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    make_channel(rabbit_broker, address=_queue(amqp, 3))
+    call_command("poll", "--once")
+    out = capsys.readouterr().out
+    assert "rabbit: ok, 1 channel(s)" in out
+    assert "total: 1 broker(s), 1 channel(s)" in out and "0 failed" in out
+
+    rabbit_broker.url_env = "DLO_TEST_UNSET_URL"
+    rabbit_broker.save()
+    monkeypatch.delenv("DLO_TEST_UNSET_URL", raising=False)
+    with pytest.raises(CommandError, match="every broker failed"):
+        call_command("poll", "--once")
+    assert "rabbit: failed" in capsys.readouterr().out
+
+
+# --- Redis Streams ---------------------------------------------------------------------------
+
+
+@pytest.fixture
+def redis_client(monkeypatch: pytest.MonkeyPatch) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(REDIS_URL, socket_timeout=2)
+    try:
+        client.ping()
+    except Exception as exc:
+        broker_required("Redis", exc)
+    keys: list[str] = []
+    client.created = keys  # type: ignore[attr-defined]
+    monkeypatch.setenv("DLO_TEST_REDIS_URL", REDIS_URL)
+    yield client
+    if keys:
+        client.delete(*keys)
+    client.close()
+
+
+def test_redis_poll_samples_lag_pending_and_dlq(redis_client: redis.Redis) -> None:
+    stream, dlq = _name("dlo-poll"), _name("dlo-poll-dlq")
+    redis_client.created.extend([stream, dlq])  # type: ignore[attr-defined]
+    for i in range(5):
+        redis_client.xadd(stream, {"n": i})
+    redis_client.xgroup_create(stream, "workers", id="0")
+    redis_client.xreadgroup("workers", "c1", {stream: ">"}, count=2)
+    for i in range(4):
+        redis_client.xadd(dlq, {"body": f"dead {i}", "reason": "boom"})
+    broker = make_broker(name="redis", kind=BrokerKind.REDIS, url_env="DLO_TEST_REDIS_URL")
+    channel = make_channel(
+        broker, address=stream, address_group="workers", dlq_address=dlq, poison_address=""
+    )
+
+    outcome = do_poll_broker(broker.pk)
+
+    assert outcome.status == "ok", outcome.errors
+    sample = ChannelSample.objects.get(channel=channel)
+    assert (sample.backlog, sample.in_flight, sample.consumers) == (3, 2, 1)
+    assert (sample.retained, sample.produced, sample.delivered, sample.acked) == (5, 5, 2, 0)
+    assert sample.dlq_depth == 4  # no dlo-ingest group yet: the stream's length
+    health = ChannelHealth.objects.get(channel=channel)
+    assert health.state == HealthState.OK  # one sample: no trend yet
+    assert DlqFlag.NONEMPTY in health.dlq_flags
+
+    redis_client.xgroup_create(dlq, "dlo-ingest", id="0")
+    redis_client.xreadgroup("dlo-ingest", "dlo", {dlq: ">"}, count=1)
+    redis_client.xack(dlq, "dlo-ingest", redis_client.xrange(dlq, count=1)[0][0])
+    do_poll_broker(broker.pk)
+    latest = ChannelSample.objects.filter(channel=channel).latest("taken_at")
+    assert latest.dlq_depth == 3  # what the dashboard has not ingested yet
+
+
+# --- NATS JetStream --------------------------------------------------------------------------
+
+
+def _nats(work: Any) -> Any:
+    async def run() -> Any:
+        nc = await nats.connect(NATS_URL, connect_timeout=2, allow_reconnect=False)
+        try:
+            return await work(nc.jetstream())
+        finally:
+            await nc.close()
+
+    return asyncio.run(run())
+
+
+@pytest.fixture
+def nats_stream(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    try:
+        _nats(lambda js: js.account_info())
+    except Exception as exc:
+        broker_required("NATS JetStream", exc)
+    name = "DLOPOLL_" + uuid.uuid4().hex[:10]
+    monkeypatch.setenv("DLO_TEST_NATS_URL", NATS_URL)
+    yield name
+
+    async def cleanup(js: Any) -> None:
+        with contextlib.suppress(Exception):
+            await js.delete_stream(name)
+
+    _nats(cleanup)
+
+
+def test_nats_poll_samples_pending_and_ack_pending(nats_stream: str) -> None:
+    subject = nats_stream.lower()
+
+    async def setup(js: Any) -> None:
+        await js.add_stream(name=nats_stream, subjects=[f"{subject}.>"])
+        await js.add_consumer(
+            nats_stream,
+            ConsumerConfig(
+                durable_name="workers",
+                ack_policy=AckPolicy.EXPLICIT,
+                max_deliver=9,
+                max_ack_pending=1000,
+                ack_wait=300,
+            ),
+        )
+        for i in range(6):
+            await js.publish(f"{subject}.x", f"m{i}".encode())
+        sub = await js.pull_subscribe_bind("workers", stream=nats_stream)
+        await sub.fetch(2, timeout=2)
+
+    _nats(setup)
+    broker = make_broker(name="nats", kind=BrokerKind.NATS, url_env="DLO_TEST_NATS_URL")
+    channel = make_channel(
+        broker,
+        address=nats_stream,
+        address_group="workers",
+        dlq_address="",
+        poison_address="",
+        max_in_flight=50,
+    )
+
+    outcome = do_poll_broker(broker.pk)
+
+    assert outcome.status == "ok", outcome.errors
+    sample = ChannelSample.objects.get(channel=channel)
+    assert (sample.backlog, sample.in_flight, sample.retained) == (4, 2, 6)
+    assert (sample.delivered, sample.acked) == (2, 0)
+    health = ChannelHealth.objects.get(channel=channel)
+    codes = {f["code"] for f in health.observed_findings}
+    assert codes == {"observed.retry-budget-mismatch", "observed.in-flight-above-declared"}
+    assert health.observed["ack_policy"] == "explicit"

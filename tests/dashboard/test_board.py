@@ -1,0 +1,187 @@
+"""The health board at / and the channel page's health sections (no broker needed)."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+
+from channels_registry.health import HealthState
+from channels_registry.models import ChannelHealth, ChannelRollup, ChannelSample
+from tests.conftest import client_for, make_broker, make_channel
+
+pytestmark = pytest.mark.django_db
+
+
+def _health(channel: Any, state: str, **fields: Any) -> ChannelHealth:
+    from channels_registry.health import SEVERITY
+
+    now = timezone.now()
+    defaults: dict[str, Any] = {
+        "state": state,
+        "severity": SEVERITY[state],
+        "updated_at": now,
+        "last_sample_at": now,
+        "backlog": 10,
+        "evidence": [f"evidence for {state}"],
+    }
+    defaults.update(fields)
+    return ChannelHealth.objects.create(channel=channel, **defaults)
+
+
+def test_board_requires_login(client: Any) -> None:
+    response = client.get("/")
+    assert response.status_code == 302 and response["Location"].startswith("/login/")
+
+
+def test_board_refuses_user_without_viewer_role(outsider: Any) -> None:
+    assert client_for(outsider).get("/").status_code == 403
+
+
+def test_empty_board_says_how_to_declare_a_channel(viewer: Any) -> None:
+    response = client_for(viewer).get("/")
+    assert response.status_code == 200
+    assert b"No channels declared yet" in response.content
+    assert b"registry import channels.yaml" in response.content
+
+
+def test_board_before_the_first_poll_says_how_to_poll(viewer: Any) -> None:
+    make_channel()
+    content = client_for(viewer).get("/").content.decode()
+    assert "Waiting for the first poll." in content
+    assert "python manage.py poll --once" in content
+    assert 'class="state state-unknown">Unknown<' in content
+
+
+def test_rows_are_worst_first_with_values(viewer: Any) -> None:
+    broker = make_broker()
+    ok = make_channel(broker, slug="a-ok", name="A ok", address="a")
+    stopped = make_channel(broker, slug="b-stopped", name="B stopped", address="b")
+    lagging = make_channel(broker, slug="c-lagging", name="C lagging", address="c")
+    _health(ok, HealthState.OK, backlog=12345, in_flight=7, consumers=3, active_consumers=2)
+    _health(stopped, HealthState.STOPPED, consumers=0, active_consumers=0)
+    _health(lagging, HealthState.LAGGING, eta_s=None, drain_rate=-2.0, backlog=500)
+    content = client_for(viewer).get("/").content.decode()
+    order = [content.index(f'id="ch-{c.pk}"') for c in (stopped, lagging, ok)]
+    assert order == sorted(order)
+    assert '<td class="n">12,345</td>' in content
+    assert '<td class="n">2 / 3</td>' in content
+    assert "not draining" in content
+    assert "evidence for stopped" in content
+
+
+def test_unknown_values_are_shown_as_unknown_not_zero(viewer: Any) -> None:
+    channel = make_channel()
+    _health(channel, HealthState.OK, backlog=None, dlq_depth=None)
+    content = client_for(viewer).get("/").content.decode()
+    row = content[content.index(f'id="ch-{channel.pk}"') :]
+    assert '<td class="n">—</td>' in row
+    assert '<td class="n">0</td>' not in row[: row.index("</tr>")]
+
+
+def test_old_health_is_shown_stale_never_ok(viewer: Any) -> None:
+    channel = make_channel()
+    old = timezone.now() - dt.timedelta(minutes=20)
+    _health(channel, HealthState.OK, updated_at=old, last_sample_at=old)
+    content = client_for(viewer).get("/").content.decode()
+    assert 'class="state state-stale">Stale<' in content
+    assert "is the scheduler running?" in content
+    assert 'class="state state-ok"' not in content
+
+
+def test_htmx_request_gets_the_board_partial_only(viewer: Any) -> None:
+    _health(make_channel(), HealthState.OK)
+    client = client_for(viewer)
+    full = client.get("/")
+    partial = client.get("/", headers={"HX-Request": "true"})
+    assert b"<html" in full.content and b'id="board"' in full.content
+    assert b"<html" not in partial.content
+    assert partial.content.lstrip().startswith(b'<div id="board"')
+
+
+def test_filters_by_team_broker_and_state_in_the_url(viewer: Any) -> None:
+    rabbit = make_broker()
+    redis = make_broker(name="cache", kind="redis", url_env="REDIS_URL")
+    pay = make_channel(rabbit, slug="pay", name="Pay", address="pay", owner_team="payments")
+    search = make_channel(
+        redis, slug="search", name="Search", address="s", address_group="g", owner_team="search"
+    )
+    _health(pay, HealthState.LAGGING)
+    _health(search, HealthState.OK, dlq_flags=["dlq-nonempty"])
+    client = client_for(viewer)
+
+    def ids(query: str) -> set[int]:
+        content = client.get("/" + query, headers={"HX-Request": "true"}).content.decode()
+        return {c.pk for c in (pay, search) if f'id="ch-{c.pk}"' in content}
+
+    assert ids("") == {pay.pk, search.pk}
+    assert ids("?team=search") == {search.pk}
+    assert ids("?broker=main-rabbit") == {pay.pk}
+    assert ids("?state=lagging") == {pay.pk}
+    assert ids("?state=dlq-nonempty") == {search.pk}
+    content = client.get("/?team=search").content.decode()
+    assert 'ws-connect="/ws/board/?team=search"' in content
+    assert '<option value="search" selected>' in content
+    assert "No channel matches these filters" in client.get("/?state=stalled").content.decode()
+
+
+def test_board_query_count_does_not_grow_with_channels(viewer: Any) -> None:
+    broker = make_broker()
+    client = client_for(viewer)
+
+    def queries() -> int:
+        with CaptureQueriesContext(connection) as ctx:
+            assert client.get("/").status_code == 200
+        return len(ctx)
+
+    for i in range(3):
+        _health(make_channel(broker, slug=f"c{i}", address=f"q{i}"), HealthState.OK)
+    few = queries()
+    for i in range(3, 40):
+        _health(make_channel(broker, slug=f"c{i}", address=f"q{i}"), HealthState.OK)
+    assert queries() == few
+
+
+def test_channel_page_shows_state_evidence_charts_and_observed(viewer: Any) -> None:
+    channel = make_channel()
+    now = timezone.now()
+    _health(
+        channel,
+        HealthState.LAGGING,
+        evidence=["backlog grew 4,210 → 9,877 over 10 min while acks stalled"],
+        observed={"exists": True, "kind": "classic"},
+        observed_at=now,
+        observed_findings=[
+            {
+                "code": "observed.no-dead-letter-exchange",
+                "severity": "error",
+                "principle": "P5",
+                "message": "Queue orders has no dead-letter exchange",
+                "fix": "Set x-dead-letter-exchange.",
+            }
+        ],
+    )
+    for i in range(5):
+        ChannelSample.objects.create(
+            channel=channel, taken_at=now - dt.timedelta(minutes=i), backlog=100 * i
+        )
+        ChannelRollup.objects.create(
+            channel=channel,
+            minute=(now - dt.timedelta(hours=i)).replace(second=0, microsecond=0),
+            backlog=10 * i,
+        )
+    client = client_for(viewer)
+    content = client.get(channel.get_absolute_url()).content.decode()
+    assert 'class="state state-lagging">Lagging<' in content
+    assert "backlog grew 4,210 → 9,877 over 10 min while acks stalled" in content
+    assert "Queue orders has no dead-letter exchange" in content
+    assert content.count('<figure class="chart">') == 4
+    assert "max 400, last 0" in content  # backlog over the last hour, from raw samples
+    day = client.get(channel.get_absolute_url() + "?range=24h").content.decode()
+    assert "max 40, last 0" in day  # from the minute rollups
+    assert 'aria-current="page" class="current">24h<' in day
+    assert client.get(channel.get_absolute_url() + "?range=7d").status_code == 200

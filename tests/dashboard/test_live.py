@@ -1,0 +1,154 @@
+"""The board's websocket: refused for anonymous, outsiders and foreign origins; a viewer gets the
+same row partial the page renders after a poll commits, coalesced per client."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import pytest
+import redis
+from asgiref.sync import async_to_sync
+from channels.db import database_sync_to_async
+from channels.layers import get_channel_layer
+from channels.testing import WebsocketCommunicator
+from django.apps import apps as django_apps
+from django.conf import settings
+from django.contrib.auth.models import User
+
+from channels_registry.actions import do_poll_broker
+from channels_registry.models import BrokerKind
+from dashboard.asgi import application
+from dashboard.live import BOARD_GROUP
+from dashboard.roles import sync_roles
+from tests.conftest import broker_required, client_for, make_broker, make_channel, make_user
+
+REDIS_URL = "redis://127.0.0.1:6379/0"
+ORIGIN = (b"origin", b"http://testserver")
+
+
+def _cookie(user: User) -> tuple[bytes, bytes]:
+    client = client_for(user)
+    session = client.cookies[settings.SESSION_COOKIE_NAME].value
+    return (b"cookie", f"{settings.SESSION_COOKIE_NAME}={session}".encode())
+
+
+def run(scenario: Callable[[], Awaitable[None]]) -> None:
+    async_to_sync(scenario)()
+
+
+@pytest.fixture(autouse=True)
+def _roles(transactional_db: Any) -> None:
+    """A transactional test starts from a flushed database: recreate the role groups."""
+    sync_roles(django_apps)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_anonymous_socket_is_refused() -> None:
+    async def scenario() -> None:
+        communicator = WebsocketCommunicator(application, "/ws/board/", headers=[ORIGIN])
+        connected, code = await communicator.connect()
+        assert (connected, code) == (False, 4401)
+
+    run(scenario)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_user_without_viewer_role_is_refused() -> None:
+    outsider = make_user("olga")
+    cookie = _cookie(outsider)
+
+    async def scenario() -> None:
+        communicator = WebsocketCommunicator(application, "/ws/board/", headers=[ORIGIN, cookie])
+        connected, code = await communicator.connect()
+        assert (connected, code) == (False, 4403)
+
+    run(scenario)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_wrong_origin_is_refused_even_with_a_session() -> None:
+    cookie = _cookie(make_user("vera", "viewer"))
+
+    async def scenario() -> None:
+        communicator = WebsocketCommunicator(
+            application, "/ws/board/", headers=[(b"origin", b"https://evil.example"), cookie]
+        )
+        connected, _ = await communicator.connect()
+        assert connected is False
+
+    run(scenario)
+
+
+@pytest.mark.broker
+@pytest.mark.django_db(transaction=True)
+def test_viewer_receives_the_row_partial_after_a_poll(monkeypatch: pytest.MonkeyPatch) -> None:
+    client = redis.Redis.from_url(REDIS_URL, socket_timeout=2)
+    try:
+        client.ping()
+    except Exception as exc:
+        broker_required("Redis", exc)
+    stream = "dlo-live-test-stream"
+    client.delete(stream)
+    for i in range(4):
+        client.xadd(stream, {"n": i})
+    client.xgroup_create(stream, "workers", id="0")
+    monkeypatch.setenv("DLO_TEST_REDIS_URL", REDIS_URL)
+    broker = make_broker(name="redis", kind=BrokerKind.REDIS, url_env="DLO_TEST_REDIS_URL")
+    channel = make_channel(broker, address=stream, address_group="workers", dlq_address="")
+    other = make_channel(
+        broker,
+        slug="other",
+        name="Other",
+        address=stream,
+        address_group="nobody",
+        owner_team="search",
+        dlq_address="",
+    )
+    cookie = _cookie(make_user("vera", "viewer"))
+
+    async def scenario() -> None:
+        communicator = WebsocketCommunicator(
+            application, "/ws/board/?team=payments", headers=[ORIGIN, cookie]
+        )
+        connected, _ = await communicator.connect()
+        assert connected
+        outcome = await database_sync_to_async(do_poll_broker)(broker.pk)
+        assert outcome.status == "ok" and set(outcome.changed) == {channel.pk, other.pk}
+        html = await communicator.receive_from(timeout=5)
+        assert html.startswith(f'\n<tr id="ch-{channel.pk}"')
+        assert 'hx-swap-oob="true"' in html
+        assert '<td class="n">4</td>' in html  # backlog 4, rendered by the page's row partial
+        assert f'id="ch-{other.pk}"' not in html  # filtered to the client's team
+        await communicator.disconnect()
+
+    try:
+        run(scenario)
+    finally:
+        client.delete(stream)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_updates_are_coalesced_to_the_latest_row_html() -> None:
+    cookie = _cookie(make_user("vera", "viewer"))
+    layer = get_channel_layer()
+
+    def rows(version: str) -> dict[str, Any]:
+        return {
+            "type": "board.rows",
+            "rows": [{"id": 1, "team": "", "broker": "b", "state": "ok", "html": version}],
+        }
+
+    async def scenario() -> None:
+        communicator = WebsocketCommunicator(application, "/ws/board/", headers=[ORIGIN, cookie])
+        connected, _ = await communicator.connect()
+        assert connected
+        await layer.group_send(BOARD_GROUP, rows("v1"))
+        assert await communicator.receive_from(timeout=3) == "v1"
+        await layer.group_send(BOARD_GROUP, rows("v2"))
+        await layer.group_send(BOARD_GROUP, rows("v3"))
+        assert await communicator.receive_from(timeout=3) == "v3"  # v2 was replaced, not sent
+        assert await communicator.receive_nothing(timeout=1.5)
+        await communicator.disconnect()
+
+    run(scenario)
