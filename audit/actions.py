@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 import json
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -158,3 +159,43 @@ def do_verify_chain(actor: Actor) -> ChainVerification:
         )
     started.refresh_from_db()
     return started
+
+
+def _verification_running() -> bool:
+    """A walk started recently and not finished (an abandoned one stops counting after the
+    task time limit, so a crashed worker cannot block verification for good)."""
+    cutoff = timezone.now() - dt.timedelta(seconds=settings.CELERY_TASK_TIME_LIMIT)
+    return ChainVerification.objects.filter(
+        finished_at__isnull=True, started_at__gte=cutoff
+    ).exists()
+
+
+@transaction.atomic
+def do_request_chain_verification(actor: Actor) -> bool:
+    """Queue a walk of the chain after commit (never inside the request). Returns False, and
+    queues nothing, while another walk is still running."""
+    from audit.tasks import verify_audit_chain_task  # the task module imports this one
+
+    if _verification_running():
+        return False
+    record(
+        "audit.verify_requested",
+        actor=actor,
+        target_type="audit.chain",
+        target_repr="hash chain",
+    )
+    transaction.on_commit(verify_audit_chain_task.delay)
+    return True
+
+
+@transaction.atomic
+def do_record_export(actor: Actor, *, fmt: str, filters: Mapping[str, str]) -> AuditEvent:
+    """Audit an export before it streams. The export then covers the matching events *before*
+    this one (``seq < event.seq``), a fixed range however long the download takes."""
+    return record(
+        "audit.export",
+        actor=actor,
+        target_type="audit.trail",
+        target_repr=f"{fmt} export",
+        after={"format": fmt, "filters": dict(filters)},
+    )

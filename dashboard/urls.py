@@ -18,5 +18,7 @@ urlpatterns = [
     path("channels/", include("channels_registry.urls")),
     path("dead-letters/", include("dlq.urls")),
     path("api/dead-letters/", include("dlq.api")),
+    path("audit/", include("audit.urls")),
+    path("api/audit-events/", include("audit.api")),
     path("admin/", admin.site.urls),
 ]

@@ -1,4 +1,4 @@
-"""``audit verify [--file export.jsonl]``: walk the hash chain and name the first bad event."""
+"""``audit verify [--file export.jsonl [--hashes-only]]`` and ``audit export``."""
 
 from __future__ import annotations
 
@@ -10,12 +10,18 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from audit.actions import Actor, do_verify_chain
-from audit.chain import verify_events
+from audit.actions import Actor, do_record_export, do_verify_chain
+from audit.chain import GENESIS, VerifyResult, verify_events
+from audit.export import chunks
+from audit.filters import FILTER_NAMES, AuditFilterForm
+from audit.models import AuditEvent
 
 
 def _jsonl(path: str) -> Iterator[dict[str, Any]]:
-    stream = sys.stdin if path == "-" else Path(path).open(encoding="utf-8")  # noqa: SIM115
+    try:
+        stream = sys.stdin if path == "-" else Path(path).open(encoding="utf-8")  # noqa: SIM115
+    except OSError as exc:
+        raise CommandError(f"{path}: {exc.strerror}") from None
     with stream:
         for number, line in enumerate(stream, 1):
             if not line.strip():
@@ -26,29 +32,126 @@ def _jsonl(path: str) -> Iterator[dict[str, Any]]:
                 raise CommandError(f"{path}:{number}: not JSON ({exc.msg})") from None
 
 
+def verify_hashes_only(events: Iterator[dict[str, Any]]) -> VerifyResult:
+    """Each event's own hash, and seqs strictly increasing, without the links between events:
+    what a filtered (non-contiguous) export can prove. Reuses ``verify_events`` per event."""
+    count, last_seq, last_hash = 0, None, ""
+    for event in events:
+        seq = int(event["seq"])
+        if last_seq is not None and seq <= last_seq:
+            problem = f"event #{seq} is out of order or repeated (after #{last_seq})"
+            return VerifyResult(False, count, last_seq, last_hash, seq, problem)
+        one = verify_events([event], start_prev_hash=None, start_seq=None)
+        if not one.ok:
+            return VerifyResult(False, count, last_seq, last_hash, seq, one.problem)
+        count, last_seq, last_hash = count + 1, seq, str(event["hash"])
+    return VerifyResult(True, count, last_seq, last_hash)
+
+
 class Command(BaseCommand):
-    help = "Verify the audit trail's hash chain (the database, or an exported JSON Lines file)."
+    help = "Verify the audit trail's hash chain, or export it as JSON Lines or CSV."
 
     def add_arguments(self, parser: CommandParser) -> None:
-        sub = parser.add_subparsers(dest="action", required=True)
+        sub = parser.add_subparsers(dest="subcommand", required=True)
         verify = sub.add_parser("verify", help="Walk the chain; exit 1 at the first bad event.")
         verify.add_argument("--file", help="Verify an exported .jsonl range offline instead.")
+        verify.add_argument(
+            "--hashes-only",
+            action="store_true",
+            help="With --file: check each event's own hash but not the links between events "
+            "(for a filtered export, which has gaps by design).",
+        )
+        export = sub.add_parser(
+            "export", help="Write the (filtered) trail to standard output, oldest first."
+        )
+        export.add_argument("--format", choices=["jsonl", "csv"], default="jsonl")
+        export.add_argument("--since", help="From this time (inclusive; ISO 8601, UTC default).")
+        export.add_argument("--until", help="Until this time (exclusive).")
+        export.add_argument("--actor")
+        export.add_argument("--action", help="An action, or a prefix ending with * (dlq.*).")
+        export.add_argument("--target-type")
+        export.add_argument("--target-id")
+        export.add_argument("--channel")
+        export.add_argument("--outcome")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        if options.get("file"):
-            # An exported range may start mid-chain: trust its first prev_hash and seq.
-            result = verify_events(_jsonl(options["file"]), start_prev_hash=None, start_seq=None)
+        if options["subcommand"] == "export":
+            self.export(options)
+        elif options.get("file"):
+            self.verify_file(options["file"], hashes_only=options["hashes_only"])
         else:
-            verification = do_verify_chain(Actor.system("audit-verify-command"))
-            result_ok, first_bad = verification.ok, verification.first_bad_seq
-            if result_ok:
+            self.verify_database()
+
+    def verify_database(self) -> None:
+        verification = do_verify_chain(Actor.system("audit-verify-command"))
+        if verification.ok:
+            self.stdout.write(
+                f"OK: {verification.events} events verified; head "
+                f"#{verification.head_seq} {verification.head_hash}"
+            )
+            return
+        raise CommandError(f"BROKEN at seq {verification.first_bad_seq}: {verification.problem}")
+
+    def verify_file(self, path: str, *, hashes_only: bool) -> None:
+        if hashes_only:
+            result = verify_hashes_only(_jsonl(path))
+            if result.ok:
                 self.stdout.write(
-                    f"OK: {verification.events} events verified; head "
-                    f"#{verification.head_seq} {verification.head_hash}"
+                    f"OK: {result.events} events, each hash matches its contents; links "
+                    f"between events not checked (--hashes-only); last #{result.head_seq}"
                 )
                 return
-            raise CommandError(f"BROKEN at seq {first_bad}: {verification.problem}")
+            raise CommandError(result.summary())
+        # An exported range may start mid-chain: trust its first prev_hash and seq, then
+        # require every following event to link to the one before it.
+        first: dict[str, Any] = {}
+
+        def events() -> Iterator[dict[str, Any]]:
+            for event in _jsonl(path):
+                first.setdefault("seq", event.get("seq"))
+                first.setdefault("prev_hash", event.get("prev_hash"))
+                yield event
+
+        result = verify_events(events(), start_prev_hash=None, start_seq=None)
         if result.ok:
             self.stdout.write(result.summary())
+            if first and int(first["seq"]) == 1:
+                if first["prev_hash"] != GENESIS:
+                    raise CommandError("BROKEN at seq 1: its prev_hash is not GENESIS")
+                self.stdout.write(f"Range #1–#{result.head_seq}: from the start of the chain.")
+            elif first:
+                self.stdout.write(
+                    f"Range #{first['seq']}–#{result.head_seq}. Taken on trust: the first "
+                    f"prev_hash {first['prev_hash']} must be the hash of event "
+                    f"#{int(first['seq']) - 1} (the last line of the export before this one)."
+                )
             return
+        if "is missing" in result.problem:
+            # A gap is tampering in a contiguous export, and by design in a filtered one.
+            raise CommandError(
+                f"{result.summary()}. The file is not a contiguous range of the chain, so the "
+                "links between its events cannot be checked. If it is a filtered export "
+                "(actor, action, target, channel or outcome), run again with --hashes-only "
+                "to check each event's own hash; to verify links, export with time filters only."
+            )
         raise CommandError(result.summary())
+
+    def export(self, options: dict[str, Any]) -> None:
+        form = AuditFilterForm({name: options[name] for name in FILTER_NAMES if options.get(name)})
+        if not form.is_valid():
+            raise CommandError("Invalid filters: " + form.errors.as_text())
+        fmt = options["format"]
+        recorded = do_record_export(
+            Actor.system("audit-export-command"), fmt=fmt, filters=form.active()
+        )
+        events = form.apply(AuditEvent.objects.all()).filter(seq__lt=recorded.seq)
+        lines = 0
+        for piece in chunks(events, fmt):
+            self.stdout.write(piece, ending="")
+            lines += piece.count("\n")  # JSON Lines only: a CSV cell may hold a line break
+        count = f"{lines} events" if fmt == "jsonl" else "the matching events"
+        # The summary goes to stderr: stdout is the export itself.
+        self.stderr.write(
+            f"Exported {count} up to #{recorded.seq - 1} as {fmt}"
+            + ("" if form.is_contiguous() else " (filtered: verify with --hashes-only)")
+        )

@@ -1,0 +1,43 @@
+"""The one access helper of the audit trail, used by every audit view and the API.
+
+A refusal is itself audited (``outcome=denied``) before the 403: who tried to read, export or
+verify the trail without the permission is exactly what a compliance review looks for.
+"""
+
+from __future__ import annotations
+
+from django.core.exceptions import PermissionDenied
+from django.db import transaction
+from django.db.models import QuerySet
+from django.http import HttpRequest
+
+from audit.actions import Actor, record
+from audit.models import AuditEvent, Outcome
+
+VIEW = "audit.view_auditevent"
+EXPORT = "audit.export_auditevent"
+VERIFY = "audit.verify_auditevent"
+
+# The audited action named for each permission when it is refused.
+_DENIED_ACTION = {VIEW: "audit.view", EXPORT: "audit.export", VERIFY: "audit.verify"}
+
+
+def require_audit_permission(request: HttpRequest, permission: str) -> None:
+    """Return if the user has ``permission``; otherwise record the denial and raise 403."""
+    if request.user.has_perm(permission):
+        return
+    with transaction.atomic():
+        record(
+            _DENIED_ACTION[permission],
+            actor=Actor.from_request(request),
+            target_type="audit.trail",
+            target_repr="audit trail",
+            after={"permission": permission, "method": request.method, "path": request.path},
+            outcome=Outcome.DENIED,
+        )
+    raise PermissionDenied("You need the compliance role to use the audit trail.")
+
+
+def events_for_user(request: HttpRequest, permission: str = VIEW) -> QuerySet[AuditEvent]:
+    require_audit_permission(request, permission)
+    return AuditEvent.objects.all()

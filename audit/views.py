@@ -1,0 +1,134 @@
+"""The compliance review pages: the audit trail, its exports, and "Verify now"."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+from urllib.parse import urlencode
+
+from django.contrib import messages
+from django.http import HttpResponse, HttpResponseBadRequest, StreamingHttpResponse
+from django.shortcuts import redirect, render
+from django.urls import reverse
+from django.utils import timezone
+from django.views.decorators.http import require_GET, require_POST
+from django_htmx.http import push_url
+
+from audit.access import EXPORT, VERIFY, events_for_user, require_audit_permission
+from audit.actions import Actor, do_record_export, do_request_chain_verification
+from audit.export import chunks, streaming_response
+from audit.filters import AuditFilterForm, page_of
+from audit.models import AuditEvent, AuditHead, ChainVerification
+from dashboard.http import HtmxHttpRequest
+
+
+def _text(value: Any) -> str:
+    """A stored JSON value as display text (the template escapes it)."""
+    if isinstance(value, str):
+        return value
+    return json.dumps(value, sort_keys=True, ensure_ascii=False)
+
+
+@dataclasses.dataclass(frozen=True)
+class Change:
+    field: str
+    old: str | None
+    new: str | None
+
+
+@dataclasses.dataclass(frozen=True)
+class EventRow:
+    event: AuditEvent
+    changes: list[Change]
+    history_url: str
+
+
+def _changes(event: AuditEvent) -> list[Change]:
+    """Field / old / new, from ``changes``; for an event with only a ``before`` or only an
+    ``after`` (a creation or a deletion), from whichever side exists."""
+    pairs: dict[str, Any]
+    if isinstance(event.changes, dict):
+        pairs = event.changes
+    else:
+        before = event.before if isinstance(event.before, dict) else {}
+        after = event.after if isinstance(event.after, dict) else {}
+        pairs = {k: [before.get(k), after.get(k)] for k in sorted(set(before) | set(after))}
+    rows = []
+    for field, pair in pairs.items():
+        old, new = pair if isinstance(pair, list) and len(pair) == 2 else (None, pair)
+        rows.append(
+            Change(
+                str(field),
+                None if old is None else _text(old),
+                None if new is None else _text(new),
+            )
+        )
+    return rows
+
+
+def _row(event: AuditEvent) -> EventRow:
+    history = ""
+    if event.target_type and event.target_id:
+        query = urlencode({"target_type": event.target_type, "target_id": event.target_id})
+        history = f"{reverse('audit_events')}?{query}"
+    return EventRow(event, _changes(event), history)
+
+
+@require_GET
+def event_list(request: HtmxHttpRequest) -> HttpResponse:
+    events = events_for_user(request)
+    form = AuditFilterForm(request.GET)
+    rows: list[AuditEvent] = []
+    older_query = None
+    if form.is_valid():
+        rows, next_before = page_of(form.apply(events), form.cursor)
+        if next_before is not None:
+            older_query = form.querystring(before=next_before)
+    context = {
+        "form": form,
+        "rows": [_row(event) for event in rows],
+        "older_query": older_query,
+        "newest_query": form.querystring() if request.GET.get("before") else None,
+        "filtered": any(request.GET.get(name) for name in form.fields),
+        "export_query": form.querystring(),
+        "verification": ChainVerification.objects.first(),
+        "head": AuditHead.objects.filter(pk=1).first(),
+        "can_export": request.user.has_perm(EXPORT),
+        "can_verify": request.user.has_perm(VERIFY),
+    }
+    if not request.htmx:
+        return render(request, "audit/event_list.html", context)
+    response = render(request, "audit/event_list.html#rows", context)
+    # The history entry htmx pushes: only the filters in use, not every empty form field.
+    query = form.querystring(before=request.GET.get("before") or None)
+    return push_url(response, f"{request.path}?{query}" if query else request.path)
+
+
+@require_GET
+def export(request: HtmxHttpRequest, fmt: str) -> HttpResponse | StreamingHttpResponse:
+    """The filtered range (ignoring the page cursor), oldest first, streamed."""
+    events = events_for_user(request, EXPORT)
+    form = AuditFilterForm(request.GET)
+    if not form.is_valid():
+        return HttpResponseBadRequest(
+            "Invalid filters: " + form.errors.as_text(), content_type="text/plain"
+        )
+    recorded = do_record_export(Actor.from_request(request), fmt=fmt, filters=form.active())
+    pieces = chunks(form.apply(events).filter(seq__lt=recorded.seq), fmt)
+    filename = f"audit-{timezone.now():%Y%m%dT%H%M%SZ}-{recorded.seq - 1}.{fmt}"
+    return streaming_response(request, pieces, filename)
+
+
+@require_POST
+def verify_now(request: HtmxHttpRequest) -> HttpResponse:
+    require_audit_permission(request, VERIFY)
+    if do_request_chain_verification(Actor.from_request(request)):
+        messages.success(
+            request,
+            "Chain verification queued. Its result appears under “Chain verification” "
+            "when the walk finishes.",
+        )
+    else:
+        messages.info(request, "A chain verification is already running.")
+    return redirect("audit_events")
