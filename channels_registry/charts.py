@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from django.utils import timezone
-from django.utils.html import format_html, format_html_join
+from django.utils.html import format_html
 from django.utils.safestring import SafeString, mark_safe
 
 from channels_registry.health import fmt_duration
@@ -50,6 +50,18 @@ def _segments(
     return segments
 
 
+def _draw(segments: list[str]) -> SafeString:
+    """A polyline per segment; a lone point (one sample between gaps) as a dot."""
+    parts = []
+    for seg in segments:
+        if " " in seg:
+            parts.append(format_html('<polyline points="{}"/>', seg))
+        else:
+            x, y = seg.split(",")
+            parts.append(format_html('<circle cx="{}" cy="{}" r="1.5"/>', x, y))
+    return mark_safe("".join(parts))
+
+
 def sparkline(
     series: Series, start: float, end: float, *, width: int = 120, height: int = 24
 ) -> SafeString:
@@ -65,11 +77,7 @@ def sparkline(
             height - 1,
         )
     top = max(known)
-    lines = format_html_join(
-        "",
-        '<polyline points="{}"/>',
-        ((seg,) for seg in _segments(series, start, end, top, width, height)),
-    )
+    lines = _draw(_segments(series, start, end, top, width, height))
     return format_html(
         '<svg class="spark" width="{}" height="{}" viewBox="0 0 {} {}" role="img"'
         ' aria-label="backlog, last hour: max {}">{}</svg>',
@@ -89,11 +97,7 @@ def line_chart(
     known = [v for _, v in series if v is not None]
     top = max(known) if known else 0.0
     pad = 40
-    lines = format_html_join(
-        "",
-        '<polyline points="{}"/>',
-        ((seg,) for seg in _segments(series, start, end, top, width - pad, height)),
-    )
+    lines = _draw(_segments(series, start, end, top, width - pad, height))
     summary = f"max {top:,.0f}, last {known[-1]:,.0f}" if known else "no data"
     return format_html(
         '<figure class="chart"><figcaption>{} <span class="sub">{}</span></figcaption>'

@@ -56,7 +56,7 @@ INSPECT_MAX_AGE = dt.timedelta(minutes=5)
 CIRCUIT_AFTER = 3
 MAX_BACKOFF_S = 300.0
 #: The health window cache keeps at most this many points (and only WINDOW_S of them).
-WINDOW_MAX_POINTS = 120
+WINDOW_MAX_POINTS = 80
 SPARK_MINUTES = 60
 
 
@@ -66,6 +66,7 @@ class PollOutcome:
     status: str  # "ok" | "failed" | "overrun" | "circuit-open" | "disabled"
     channels: int = 0
     duration_s: float = 0.0
+    broker_s: float | None = None
     round_trips: int | None = None
     errors: list[str] = dataclasses.field(default_factory=list)
     changed: list[int] = dataclasses.field(default_factory=list)
@@ -196,6 +197,7 @@ def do_poll_broker(broker_id: int, *, force: bool = False) -> PollOutcome:
         raise
     outcome.errors = ([error] if error else []) + errors
     outcome.duration_s = time.monotonic() - started
+    outcome.broker_s = result.duration_s if result is not None else None
     return outcome
 
 

@@ -232,3 +232,8 @@ def test_fewer_consumers_than_declared_minimum_is_evidence() -> None:
     thresholds = Thresholds(min_consumers=3)
     result = assess(history(backlog=40, acked=lambda i: 10 * i, **HEALTHY), thresholds=thresholds)
     assert any("fewer than the declared minimum 3" in e for e in result.evidence)
+
+
+def test_theil_sen_thins_long_series_without_losing_the_trend() -> None:
+    series = [(float(i), 3.0 * i + (500.0 if i == 50 else 0.0)) for i in range(200)]
+    assert theil_sen(series) == pytest.approx(3.0)

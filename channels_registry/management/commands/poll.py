@@ -42,6 +42,8 @@ class Command(BaseCommand):
 
     def _line(self, o: PollOutcome) -> str:
         trips = "" if o.round_trips is None else f", {o.round_trips} round trip(s)"
+        if o.broker_s is not None:
+            trips += f" in {o.broker_s * 1000:.0f} ms"
         errors = f", {len(o.errors)} error(s): " + "; ".join(o.errors) if o.errors else ""
         return (
             f"{o.broker}: {o.status}, {o.channels} channel(s), {o.duration_s * 1000:.0f} ms"
