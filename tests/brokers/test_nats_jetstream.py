@@ -19,7 +19,7 @@ import pytest
 from nats.aio.client import Client as NATS
 from nats.js.api import AckPolicy, ConsumerConfig
 
-from brokers.base import Address, BrokerError, OutgoingMessage
+from brokers.base import Address, BrokerError, DeadLetter, DrainSession, OutgoingMessage
 from brokers.nats_jetstream import ADVISORY_STREAM, NatsJetStreamAdapter
 
 URL = os.environ.get("DLO_TEST_NATS_URL", "nats://127.0.0.1:4222")
@@ -80,7 +80,11 @@ def _stream(names: list[str]) -> tuple[str, str]:
 
 @pytest.fixture
 def adapter() -> NatsJetStreamAdapter:
-    return NatsJetStreamAdapter(URL, timeout=2.0)
+    nats_adapter = NatsJetStreamAdapter(URL, timeout=2.0)
+    # A pull still open when a session closes can hold a message until ack_wait; keep that
+    # short here so "closed without ack: they come back" is observed within the test.
+    nats_adapter.drain_ack_wait_s = 3.0
+    return nats_adapter
 
 
 def test_poll_samples_consumer_state_exactly(
@@ -90,7 +94,8 @@ def test_poll_samples_consumer_state_exactly(
 
     async def setup(nc: NATS) -> None:
         js = nc.jetstream()
-        for i in range(10):
+        # Only four messages exist while m2 is nak'd, so its redelivery is the only candidate.
+        for i in range(4):
             await js.publish(f"{prefix}.a", f"m{i}".encode())
         await js.add_consumer(
             stream, ConsumerConfig(durable_name="work", ack_policy=AckPolicy.EXPLICIT)
@@ -104,6 +109,8 @@ def test_poll_samples_consumer_state_exactly(
         await nc.flush()
         redelivered = await sub.fetch(1, timeout=2)  # m2 again: counted as redelivered
         assert redelivered[0].metadata.num_delivered == 2
+        for i in range(4, 10):
+            await js.publish(f"{prefix}.a", f"m{i}".encode())
 
     _with_nats(setup)
     address = Address(stream, "work")
@@ -246,14 +253,19 @@ def test_drain_reads_advisories_with_original_bytes_and_stable_keys(
     adapter.prepare_drain(address)  # idempotent
     _dead_letter(stream, prefix)
 
+    def fetch_three(session: DrainSession) -> list[DeadLetter]:
+        # Two advisory consumers answer separately: a bounded number of fetches gathers both.
+        letters: list[DeadLetter] = []
+        for _ in range(6):
+            letters += session.fetch(max_batch=10, wait_s=2.0)
+            if len(letters) >= 3:
+                break
+        return letters
+
     with adapter.drain(address) as session:
-        first = session.fetch(max_batch=10, wait_s=2.0)
-        if len(first) < 3:
-            first += session.fetch(max_batch=10, wait_s=2.0)
+        first = fetch_three(session)
     with adapter.drain(address) as session:  # closed without ack: they come back
-        again = session.fetch(max_batch=10, wait_s=2.0)
-        if len(again) < 3:
-            again += session.fetch(max_batch=10, wait_s=2.0)
+        again = fetch_three(session)
         session.ack(again)
     with adapter.drain(address) as session:
         after_ack = session.fetch(max_batch=10, wait_s=0.5)
