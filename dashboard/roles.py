@@ -43,12 +43,15 @@ ROLE_PERMISSIONS: dict[str, list[str]] = {
 
 def sync_roles(apps: Any, schema_editor: Any = None) -> None:
     """Create the groups and give each exactly its permissions (usable from migrations)."""
+    from django.apps import apps as global_apps
     from django.contrib.auth.management import create_permissions
 
-    for app_config in apps.get_app_configs():
-        app_config.models_module = True
-        create_permissions(app_config, apps=apps, verbosity=0)
-        app_config.models_module = None
+    if apps is not global_apps:
+        # In a migration, permissions of apps migrated in the same run do not exist yet.
+        for app_config in apps.get_app_configs():
+            app_config.models_module = True
+            create_permissions(app_config, apps=apps, verbosity=0)
+            app_config.models_module = None
     group_model = apps.get_model("auth", "Group")
     permission_model = apps.get_model("auth", "Permission")
     for role, perms in ROLE_PERMISSIONS.items():
