@@ -6,12 +6,13 @@ from pathlib import Path
 
 import pytest
 import yaml
+from django.contrib.auth.models import User
 from django.core.management import call_command
 from django.core.management.base import CommandError
 
 from audit.models import AuditEvent
 from channels_registry.models import Broker, Channel
-from tests.conftest import make_broker, make_channel
+from tests.conftest import client_for, make_broker, make_channel
 
 pytestmark = pytest.mark.django_db
 
@@ -171,3 +172,37 @@ def test_import_as_a_named_user(tmp_path: Path, registry_admin: object) -> None:
     ) == {"rita"}
     with pytest.raises(CommandError, match="no user named"):
         call_command("registry", "import", "--actor", "ghost", write(tmp_path, GOOD_FILE))
+
+
+def test_import_page_checks_then_imports_as_the_user(registry_admin: User) -> None:
+    client = client_for(registry_admin)
+    assert "version: 1" in client.get("/channels/import/").content.decode()
+    page = client.post("/channels/import/", {"text": GOOD_FILE, "action": "check"})
+    assert "Check passed: nothing was written" in page.content.decode()
+    assert not Channel.objects.exists()
+    page = client.post("/channels/import/", {"text": GOOD_FILE, "action": "import"})
+    assert "2 created" in page.content.decode()
+    assert set(
+        AuditEvent.objects.filter(action__startswith="registry.").values_list(
+            "actor_username", flat=True
+        )
+    ) == {"rita"}
+
+
+def test_import_page_shows_line_precise_errors_escaped(registry_admin: User) -> None:
+    bad = GOOD_FILE.replace("semantic: at-least-once", "semantic: <script>x</script>")
+    page = (
+        client_for(registry_admin)
+        .post("/channels/import/", {"text": bad, "action": "import"})
+        .content.decode()
+    )
+    line = next(i for i, s in enumerate(bad.splitlines(), 1) if "<script>" in s)
+    assert f"<strong>line {line}</strong>: channel &#x27;orders&#x27;: semantic:" in page
+    assert "nothing was imported" in page and "<script>x" not in page
+    assert not Channel.objects.exists()
+
+
+def test_import_page_needs_registry_admin(viewer: User) -> None:
+    client = client_for(viewer)
+    assert client.get("/channels/import/").status_code == 403
+    assert client.post("/channels/import/", {"text": GOOD_FILE}).status_code == 403
