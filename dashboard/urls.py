@@ -15,6 +15,7 @@ urlpatterns = [
     path("login/", views.login_view, name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("healthz", views.healthz, name="healthz"),
+    path("favicon.ico", views.favicon, name="favicon"),
     path("channels/", include("channels_registry.urls")),
     path("dead-letters/", include("dlq.urls")),
     path("api/dead-letters/", include("dlq.api")),

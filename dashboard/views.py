@@ -5,7 +5,8 @@ from __future__ import annotations
 from django.contrib.auth import views as auth_views
 from django.contrib.auth.decorators import login_not_required
 from django.db import connection
-from django.http import HttpRequest, JsonResponse
+from django.http import HttpRequest, HttpResponsePermanentRedirect, JsonResponse
+from django.templatetags.static import static
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
 
@@ -34,3 +35,10 @@ def healthz(request: HttpRequest) -> JsonResponse:
     return JsonResponse(
         {"status": "ok" if status == 200 else "degraded", "database": database}, status=status
     )
+
+
+@require_GET
+@login_not_required
+def favicon(request: HttpRequest) -> HttpResponsePermanentRedirect:
+    """Browsers ask for /favicon.ico on pages (the admin's) that do not link an icon."""
+    return HttpResponsePermanentRedirect(static("dlo/favicon.svg"))

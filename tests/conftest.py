@@ -23,7 +23,11 @@ def pytest_configure(config: pytest.Config) -> None:
     # Test-only tweaks: fast password hashing.
     from django.conf import settings
 
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+    settings.PASSWORD_HASHERS = [
+        "django.contrib.auth.hashers.MD5PasswordHasher",
+        # For users a separate server process (browser journeys) must verify.
+        "django.contrib.auth.hashers.PBKDF2PasswordHasher",
+    ]
 
 
 @pytest.fixture(autouse=True)

@@ -1,0 +1,205 @@
+"""Browser journeys: a real ASGI server (daphne, websockets included) in a subprocess on the
+test database, a Redis channel layer shared by it and the test process (so a poll in the test
+pushes rows to the browser), and Debian's chromium driven by Playwright.
+
+Screenshots of each journey's key pages land in ``artifacts/screenshots/`` (CI keeps them).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.db import connection
+
+CHROMIUM = "/usr/bin/chromium"
+ARTIFACTS = Path(__file__).resolve().parents[2] / "artifacts" / "screenshots"
+LAYER_URL = os.environ.get("DLO_TEST_LAYER_REDIS_URL", "redis://127.0.0.1:6379/9")
+
+# Playwright's sync API runs an event loop in this thread; the ORM work the journeys do between
+# browser steps is ordinary synchronous test code.
+os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+
+
+def required(what: str, problem: str) -> None:
+    message = f"{what}: {problem}"
+    if os.environ.get("CI"):
+        pytest.fail(message)
+    pytest.skip(message)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _database_url() -> str:
+    db = connection.settings_dict
+    if connection.vendor == "sqlite":
+        return f"sqlite:///{db['NAME']}"
+    user = db.get("USER") or "postgres"
+    auth = f"{user}:{db['PASSWORD']}" if db.get("PASSWORD") else user
+    return (
+        f"postgres://{auth}@{db.get('HOST') or '127.0.0.1'}:{db.get('PORT') or 5432}/{db['NAME']}"
+    )
+
+
+@pytest.fixture
+def channel_layer_redis(settings: Any) -> Iterator[None]:
+    import redis
+
+    try:
+        redis.Redis.from_url(LAYER_URL, socket_timeout=2).flushdb()
+    except redis.RedisError as exc:
+        required("Redis (the shared channel layer)", str(exc))
+    settings.CHANNEL_LAYERS = {
+        "default": {
+            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "CONFIG": {"hosts": [LAYER_URL]},
+        }
+    }
+    from channels.layers import channel_layers
+
+    channel_layers.backends.clear()
+    yield
+    channel_layers.backends.clear()
+
+
+@pytest.fixture
+def asgi_server(transactional_db: Any, channel_layer_redis: None) -> Iterator[str]:
+    port = _free_port()
+    env = {
+        **os.environ,
+        "DATABASE_URL": _database_url(),
+        "REDIS_URL": LAYER_URL,
+        "CELERY_BROKER_URL": "",
+        "DLO_INPROCESS_SCHEDULER": "0",
+    }
+    log = ARTIFACTS.parent / f"daphne-{port}.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "daphne",
+                "-b",
+                "127.0.0.1",
+                "-p",
+                str(port),
+                "dashboard.asgi:application",
+            ],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if process.poll() is not None:
+                pytest.fail(f"daphne exited: {log.read_text()[-2000:]}")
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+                break
+            except OSError:
+                time.sleep(0.2)
+        else:
+            pytest.fail("daphne did not start within 30 s")
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+
+
+@pytest.fixture
+def browser() -> Iterator[Any]:
+    if not os.path.exists(CHROMIUM):
+        required("Debian chromium", f"{CHROMIUM} is not installed (apt-get install chromium)")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        instance = p.chromium.launch(
+            executable_path=CHROMIUM,
+            args=["--no-sandbox", "--disable-background-networking", "--disable-gpu"],
+        )
+        try:
+            yield instance
+        finally:
+            instance.close()
+
+
+class Journey:
+    """One signed-in browser tab that fails the test on a dialog or a console error."""
+
+    def __init__(self, browser: Any, base: str, name: str) -> None:
+        self.base = base
+        self.name = name
+        self.context = browser.new_context(viewport={"width": 1400, "height": 900})
+        self.page = self.context.new_page()
+        self.page.set_default_timeout(15_000)
+        self.dialogs: list[str] = []
+        self.console_errors: list[str] = []
+        self.page.on("dialog", lambda d: (self.dialogs.append(d.message), d.dismiss()))
+        self.page.on(
+            "console",
+            lambda m: self.console_errors.append(m.text) if m.type == "error" else None,
+        )
+
+    def sign_in(self, username: str, password: str) -> None:
+        self.page.goto(f"{self.base}/login/")
+        self.page.fill("#id_username", username)
+        self.page.fill("#id_password", password)
+        self.page.click("button[type=submit]")
+        self.page.wait_for_load_state()
+        assert "/login/" not in self.page.url, "sign-in failed"
+
+    def go(self, path: str) -> Any:
+        return self.page.goto(f"{self.base}{path}", wait_until="load")
+
+    def shot(self, label: str) -> None:
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        self.page.screenshot(path=str(ARTIFACTS / f"{self.name}-{label}.png"), full_page=True)
+
+    def check_clean(self) -> None:
+        assert self.dialogs == [], self.dialogs
+        assert self.console_errors == [], self.console_errors
+
+
+@pytest.fixture
+def journey(browser: Any, asgi_server: str, request: pytest.FixtureRequest) -> Iterator[Any]:
+    tabs: list[Journey] = []
+
+    def open_tab(name: str) -> Journey:
+        tab = Journey(browser, asgi_server, name)
+        tabs.append(tab)
+        return tab
+
+    yield open_tab
+    for tab in tabs:
+        try:
+            tab.shot("last")  # where the journey ended, pass or fail
+        finally:
+            tab.context.close()
+
+
+def browser_user(username: str, *roles: str, staff: bool = False) -> Any:
+    """A user the server subprocess can verify (it hashes with the production hashers)."""
+    from django.contrib.auth.hashers import make_password
+
+    from tests.conftest import PASSWORD, make_user
+
+    user = make_user(username, *roles, staff=staff)
+    user.password = make_password(PASSWORD, hasher="pbkdf2_sha256")
+    user.save(update_fields=["password"])
+    return user
