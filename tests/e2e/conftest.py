@@ -167,6 +167,14 @@ class Journey:
     def go(self, path: str) -> Any:
         return self.page.goto(f"{self.base}{path}", wait_until="load")
 
+    def wait_until(self, predicate: Any, timeout_s: float = 10.0) -> None:
+        """Poll from Python: the CSP forbids the string evaluation wait_for_function uses."""
+        deadline = time.monotonic() + timeout_s
+        while not predicate():
+            if time.monotonic() > deadline:
+                raise AssertionError(f"condition not met within {timeout_s} s")
+            self.page.wait_for_timeout(100)
+
     def shot(self, label: str) -> None:
         ARTIFACTS.mkdir(parents=True, exist_ok=True)
         self.page.screenshot(path=str(ARTIFACTS / f"{self.name}-{label}.png"), full_page=True)
@@ -191,6 +199,23 @@ def journey(browser: Any, asgi_server: str, request: pytest.FixtureRequest) -> I
             tab.shot("last")  # where the journey ended, pass or fail
         finally:
             tab.context.close()
+
+
+def off_loop(func: Any, *args: Any, **kwargs: Any) -> Any:
+    """Run ``func`` in a worker thread: Playwright's event loop runs in this one, and code that
+    uses ``async_to_sync`` (channel-layer pushes) refuses to run beside a running loop."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from django.db import connections
+
+    def call() -> Any:
+        try:
+            return func(*args, **kwargs)
+        finally:
+            connections.close_all()
+
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(call).result(timeout=120)
 
 
 def browser_user(username: str, *roles: str, staff: bool = False) -> Any:

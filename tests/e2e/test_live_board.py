@@ -1,0 +1,74 @@
+"""Journey 1, first leg — the on-call engineer keeps the board open; a channel's backlog grows
+on the real broker with no consumer, a poll runs, and its row turns STOPPED without a reload."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from playwright.sync_api import expect
+
+from channels_registry.polling import do_poll_broker
+from tests.conftest import PASSWORD, broker_required, make_broker, make_channel
+from tests.e2e.conftest import browser_user, off_loop
+
+pytestmark = [pytest.mark.browser, pytest.mark.broker, pytest.mark.django_db(transaction=True)]
+
+AMQP_URL = "amqp://guest:guest@127.0.0.1:5672/%2F"
+
+
+@pytest.fixture
+def rabbit_queue() -> Iterator[tuple[Any, str]]:
+    import pika
+
+    try:
+        connection = pika.BlockingConnection(pika.URLParameters(AMQP_URL + "?socket_timeout=3"))
+    except Exception as exc:  # any connection failure means the broker is not there
+        broker_required("RabbitMQ", exc)
+    channel = connection.channel()
+    name = f"e2e.live.{uuid.uuid4().hex[:8]}"
+    channel.queue_declare(name, durable=False)
+    try:
+        yield channel, name
+    finally:
+        channel.queue_delete(name)
+        connection.close()
+
+
+def test_board_row_turns_stopped_live(
+    journey: Any, rabbit_queue: tuple[Any, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    amqp, queue = rabbit_queue
+    monkeypatch.setenv("E2E_RABBITMQ_URL", AMQP_URL)
+    browser_user("otto", "oncall")
+    broker = make_broker(name="live-rabbit", url_env="E2E_RABBITMQ_URL")
+    channel = make_channel(
+        broker,
+        name="Live orders",
+        slug="live-orders",
+        address=queue,
+        dlq_address="",
+        poison_address="",
+        dlq_strategies=[],
+        alert_dlq_depth=None,
+    )
+    do_poll_broker(broker.pk, force=True)
+
+    tab = journey("oncall-live")
+    tab.sign_in("otto", PASSWORD)
+    tab.go("/")
+    row = tab.page.locator(f"#ch-{channel.pk}")
+    assert "STOPPED" not in row.inner_text().upper()
+    tab.wait_until(lambda: tab.page.evaluate("document.getElementById('board').__dloOpen"))
+
+    for i in range(25):
+        amqp.basic_publish("", queue, f'{{"n": {i}}}'.encode())
+    off_loop(do_poll_broker, broker.pk, force=True)
+
+    # No reload: the websocket pushes the row partial and htmx swaps it in place.
+    expect(row).to_contain_text("STOPPED", ignore_case=True, timeout=10_000)
+    assert "25" in row.inner_text()
+    tab.shot("board-stopped")
+    tab.check_clean()
