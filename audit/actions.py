@@ -199,3 +199,59 @@ def do_record_export(actor: Actor, *, fmt: str, filters: Mapping[str, str]) -> A
         target_repr=f"{fmt} export",
         after={"format": fmt, "filters": dict(filters)},
     )
+
+
+@dataclasses.dataclass(frozen=True)
+class EventSpec:
+    """One event for ``record_many`` (the same fields ``record`` takes, targets as ids)."""
+
+    action: str
+    target_type: str
+    target_id: str | int
+    target_repr: str = ""
+    channel_slug: str = ""
+    reason: str = ""
+    after: Mapping[str, Any] | None = None
+    outcome: str = Outcome.SUCCESS
+
+
+def record_many(specs: list[EventSpec], *, actor: Actor) -> int:
+    """Append many events to the chain in one go, inside the caller's transaction: the same
+    chain as ``record`` (one locked head, contiguous seqs, each hash over the previous), but
+    one bulk INSERT instead of three statements per event. For per-entry events of bulk actions
+    (a replay batch writes one outcome per entry). Returns the number written."""
+    if not specs:
+        return 0
+    with transaction.atomic():
+        head = AuditHead.objects.select_for_update().filter(pk=1).first()
+        if head is None:
+            head = AuditHead.objects.create(pk=1, seq=0, hash="")
+        seq, prev = head.seq, head.hash or GENESIS
+        now = timezone.now()
+        username = _text(actor.username, 150)
+        events = []
+        for spec in specs:
+            seq += 1
+            event = AuditEvent(
+                seq=seq,
+                created_at=now,
+                actor_id=actor.user_id,
+                actor_username=username,
+                source_ip=actor.ip,
+                action=spec.action,
+                target_type=_text(spec.target_type, 64),
+                target_id=_text(str(spec.target_id), 64),
+                target_repr=_text(spec.target_repr, 300),
+                channel_slug=spec.channel_slug,
+                reason=_text(spec.reason),
+                before=None,
+                after=_clean(spec.after),
+                changes=None,
+                outcome=spec.outcome,
+                prev_hash=prev,
+            )
+            event.hash = prev = compute_hash(event.canonical_fields())
+            events.append(event)
+        AuditEvent.objects.bulk_create(events, batch_size=500)
+        AuditHead.objects.filter(pk=1).update(seq=seq, hash=prev)
+    return len(events)

@@ -18,10 +18,21 @@ _VIEW = [
     "channels_registry.view_channel",
     "dlq.view_deadletter",
     "dlq.view_failuregroup",
+    "dlq.view_replayplan",
+    "alerts.view_alert",
+    "alerts.view_silence",
 ]
 ROLE_PERMISSIONS: dict[str, list[str]] = {
     VIEWER: _VIEW,
-    ONCALL: [*_VIEW],
+    ONCALL: [
+        *_VIEW,
+        "dlq.replay_deadletter",
+        "dlq.discard_deadletter",
+        "dlq.approve_bulk_action",
+        "alerts.ack_alert",
+        "alerts.add_silence",
+        "alerts.change_silence",
+    ],
     COMPLIANCE: [
         *_VIEW,
         "audit.view_auditevent",
@@ -37,6 +48,14 @@ ROLE_PERMISSIONS: dict[str, list[str]] = {
         "channels_registry.add_channel",
         "channels_registry.change_channel",
         "channels_registry.delete_channel",
+        "alerts.view_destination",
+        "alerts.add_destination",
+        "alerts.change_destination",
+        "alerts.delete_destination",
+        "alerts.view_ruleoverride",
+        "alerts.add_ruleoverride",
+        "alerts.change_ruleoverride",
+        "alerts.delete_ruleoverride",
     ],
 }
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.core.exceptions import PermissionDenied
+from django.db import transaction
 from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.shortcuts import get_object_or_404
@@ -35,3 +36,46 @@ def groups_for_user(request: HttpRequest) -> QuerySet[FailureGroup]:
 
 def can_reveal(user: Any) -> bool:
     return bool(user.has_perm(REVEAL_PERMISSION))
+
+
+# -- replay / discard plans ------------------------------------------------------------------
+
+PLAN_VIEW_PERMISSION = "dlq.view_replayplan"
+ACTION_PERMISSIONS = {
+    "replay": "dlq.replay_deadletter",
+    "discard": "dlq.discard_deadletter",
+    "approve": "dlq.approve_bulk_action",
+}
+
+
+def require_action(request: HttpRequest, action: str, target: str = "") -> None:
+    """Raise PermissionDenied unless the user may ``action`` (replay, discard, approve); the
+    refusal is audited (who tried what) before the 403."""
+    from audit.actions import Actor, record
+    from audit.models import Outcome
+
+    if request.user.has_perm(ACTION_PERMISSIONS[action]):
+        return
+    with transaction.atomic():
+        record(
+            f"dlq.{action}",
+            actor=Actor.from_request(request),
+            target_type="dlq.deadletter" if action != "approve" else "dlq.replayplan",
+            target_repr=target[:300] or request.path[:300],
+            reason="permission denied",
+            after={"permission": ACTION_PERMISSIONS[action], "method": request.method},
+            outcome=Outcome.DENIED,
+        )
+    raise PermissionDenied(f"You need the on-call role to {action} dead letters.")
+
+
+def plans_for_user(request: HttpRequest) -> QuerySet[Any]:
+    from dlq.models import ReplayPlan
+
+    if not request.user.has_perm(PLAN_VIEW_PERMISSION):
+        raise PermissionDenied("You need the viewer role to see replay plans.")
+    return ReplayPlan.objects.select_related("channel")
+
+
+def get_plan_for_user(request: HttpRequest, pk: int) -> Any:
+    return get_object_or_404(plans_for_user(request), pk=pk)

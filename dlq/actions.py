@@ -11,15 +11,29 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import logging
+import time
+from typing import Any
 
-from django.db import transaction
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.db.models import F
+from django.utils import timezone
 
-from audit.actions import Actor, record
+from audit.actions import Actor, EventSpec, record, record_many
 from brokers.base import BrokerError
 from channels_registry.models import BrokerConfigError, Channel
-from dlq import retention
+from dlq import replay, retention
 from dlq.ingest import IngestResult, ingest_channel
-from dlq.models import DeadLetter
+from dlq.models import (
+    DeadLetter,
+    ItemStatus,
+    PlanKind,
+    PlanStatus,
+    ReplayItem,
+    ReplayPlan,
+    Status,
+)
+from dlq.replay_models import FINISHED
 
 log = logging.getLogger(__name__)
 
@@ -105,3 +119,368 @@ def do_reveal_entry(entry: DeadLetter, actor: Actor, reason: str) -> None:
             "json_paths": list(entry.channel.redact_json_paths or []),
         },
     )
+
+
+# -- replay and discard plans (see dlq.replay) ---------------------------------------------
+
+
+class PlanRefused(Exception):
+    """A bulk action that cannot be planned or changed, with the reason to show."""
+
+
+def _enqueue_plan(plan_id: int) -> None:
+    """Run the plan in a worker after the commit, never in the request. Without a Celery
+    broker (``make run``: tasks would run eagerly, i.e. inside this request) the relay tick
+    of the in-process scheduler picks the plan up instead."""
+    from dlq.tasks import run_replay_plan_task
+
+    if settings.CELERY_TASK_ALWAYS_EAGER:
+        return
+    transaction.on_commit(lambda: run_replay_plan_task.delay(plan_id))
+
+
+def _existing_plan(request_key: str | None) -> ReplayPlan | None:
+    if not request_key:
+        return None
+    return ReplayPlan.objects.filter(request_key=request_key).first()
+
+
+def do_create_plan(
+    kind: str,
+    selection: Any,
+    entries: Any,
+    *,
+    actor: Actor,
+    reason: str,
+    request_key: str | None = None,
+    velocity: float | None = None,
+    canary_size: int = 0,
+    canary_wait_s: float = 30.0,
+    override: bool = False,
+    override_reason: str = "",
+) -> tuple[Any, bool]:
+    """Freeze a replay or discard plan over ``selection`` (within the caller's permitted
+    ``entries``). Returns ``(plan, created)``; a repeated ``request_key`` (a double-submitted
+    form) returns the plan the first submission created.
+
+    1. Re-run the preview on the server (never trust what the form echoes back).
+    2. Refuse without a reason, a blocked replay without an override and its reason.
+    3. Freeze the exact ids in replay order as items; a replay reserves its entries
+       (REPLAYING) at once, even while it awaits approval, so no second plan takes them.
+    4. Audit the plan (ids digest, target, velocity, warnings, actor, reason) and, per entry,
+       the request — all in this transaction — then enqueue the relay after commit (unless a
+       second person must approve first, or a small discard is simply done now).
+    """
+
+    existing = _existing_plan(request_key)
+    if existing is not None:
+        return existing, False
+    reason = reason.strip()
+    if not reason:
+        raise PlanRefused("Give a reason.")
+    try:
+        with transaction.atomic():
+            preview = replay.preview(kind, selection, entries)
+            if preview.errors:
+                raise PlanRefused(" ".join(preview.errors))
+            if preview.blocked and not (override and override_reason.strip()):
+                raise PlanRefused(
+                    "Blocked by the channel's declaration: tick the override and give its reason."
+                )
+            override = bool(override and preview.blocked)
+            ids = replay.ordered_ids(kind, selection, entries)
+            if not ids:
+                raise PlanRefused("None of the matching entries can be planned any more.")
+            needs_approval = override or len(ids) > settings.DLO_FOUR_EYES_THRESHOLD
+            assert preview.channel is not None
+            channel = preview.channel
+            plan = ReplayPlan.objects.create(
+                kind=kind,
+                status=PlanStatus.AWAITING_APPROVAL if needs_approval else PlanStatus.QUEUED,
+                channel=channel,
+                target_name=preview.target.name if preview.target else "",
+                target_group=preview.target.group if preview.target else "",
+                selection=selection.as_json(),
+                total=len(ids),
+                velocity=velocity,
+                canary_size=max(canary_size, 0) if kind == PlanKind.REPLAY else 0,
+                canary_wait_s=canary_wait_s,
+                warnings=[w.as_json() for w in preview.warnings],
+                override=override,
+                override_reason=override_reason.strip() if override else "",
+                requested_by_id=actor.user_id,
+                requested_by_username=actor.username,
+                reason=reason,
+                request_key=request_key or None,
+                needs_approval=needs_approval,
+            )
+            items = ReplayItem.objects.bulk_create(
+                [ReplayItem(plan=plan, entry_id=pk, position=n) for n, pk in enumerate(ids)],
+                batch_size=2000,
+            )
+            if kind == PlanKind.REPLAY:
+                for start in range(0, len(ids), replay.ID_CHUNK):
+                    chunk = ids[start : start + replay.ID_CHUNK]
+                    DeadLetter.objects.filter(pk__in=chunk).update(status=Status.REPLAYING)
+            record(
+                f"dlq.{kind}.plan",
+                actor=actor,
+                target=plan,
+                channel_slug=channel.slug,
+                reason=reason,
+                after={
+                    "entries": len(ids),
+                    "matched": preview.matched,
+                    "excluded": preview.excluded,
+                    "ids_sha256": replay.ids_digest(ids),
+                    "first_id": ids[0],
+                    "last_id": ids[-1],
+                    "selection": selection.as_json(),
+                    "target": plan.target_display,
+                    "velocity": velocity,
+                    "canary_size": plan.canary_size,
+                    "warnings": [w.code for w in preview.warnings],
+                    "override": override,
+                    "override_reason": plan.override_reason,
+                    "needs_approval": needs_approval,
+                },
+            )
+            if kind == PlanKind.REPLAY:
+                item_ids = {i.entry_id: i.pk for i in items if i.pk}
+                if len(item_ids) != len(ids):  # backends without RETURNING ids on bulk insert
+                    item_ids = dict(
+                        ReplayItem.objects.filter(plan=plan).values_list("entry_id", "pk")
+                    )
+
+                for start in range(0, len(ids), replay.ID_CHUNK):
+                    record_many(
+                        [
+                            EventSpec(
+                                "dlq.replay.request", "dlq.deadletter", pk, f"dead letter #{pk}",
+                                channel.slug, reason=reason,
+                                after={"plan": plan.pk, "item": item_ids[pk],
+                                       "target": plan.target_display},
+                            )  # fmt: skip
+                            for pk in ids[start : start + replay.ID_CHUNK]
+                        ],
+                        actor=actor,
+                    )
+            if not needs_approval:
+                if kind == PlanKind.DISCARD and len(ids) <= DISCARD_INLINE:
+                    plan.status = PlanStatus.RUNNING
+                    ReplayPlan.objects.filter(pk=plan.pk).update(status=PlanStatus.RUNNING)
+                    _discard_items(plan, list(plan.items.filter(status=ItemStatus.PENDING)))
+                    _finish_discard(plan)
+                else:
+                    _enqueue_plan(plan.pk)
+    except IntegrityError:
+        # A concurrent double submit won the unique request_key: answer with its plan.
+        existing = _existing_plan(request_key)
+        if existing is None:
+            raise
+        return existing, False
+    return plan, True
+
+
+DISCARD_INLINE = 1_000  # larger discards run in the worker, in batches
+DISCARD_BATCH = 1_000
+
+
+def _discard_items(plan: Any, items: list[Any]) -> int:
+    """Discard these items' entries (state change, one audit event per entry). Entries that
+    changed state since the plan froze them (being replayed, already discarded) are skipped."""
+
+    now = timezone.now()
+    ids = [i.entry_id for i in items]
+    eligible = set(
+        DeadLetter.objects.filter(pk__in=ids)
+        .exclude(status__in=[Status.DISCARDED, Status.REPLAYING])
+        .values_list("pk", "status")
+    )
+    before = dict(eligible)
+    DeadLetter.objects.filter(pk__in=list(before)).update(status=Status.DISCARDED)
+    done = [i for i in items if i.entry_id in before]
+    skipped = [i for i in items if i.entry_id not in before]
+    ReplayItem.objects.filter(pk__in=[i.pk for i in done]).update(
+        status=ItemStatus.DISCARDED, finished_at=now
+    )
+    ReplayItem.objects.filter(pk__in=[i.pk for i in skipped]).update(
+        status=ItemStatus.SKIPPED, finished_at=now
+    )
+    actor = Actor(plan.requested_by_id, plan.requested_by_username)
+    record_many(
+        [
+            EventSpec(
+                "dlq.discard", "dlq.deadletter", i.entry_id, f"dead letter #{i.entry_id}",
+                plan.channel.slug, reason=plan.reason,
+                after={"plan": plan.pk, "status": [before[i.entry_id], Status.DISCARDED],
+                       "approved_by": plan.approved_by_username or None},
+            )  # fmt: skip
+            for i in done
+        ],
+        actor=actor,
+    )
+    ReplayPlan.objects.filter(pk=plan.pk).update(
+        discarded=F("discarded") + len(done), skipped=F("skipped") + len(skipped)
+    )
+    return len(done)
+
+
+def _finish_discard(plan: Any) -> None:
+
+    ReplayPlan.objects.filter(pk=plan.pk, status=PlanStatus.RUNNING).update(
+        status=PlanStatus.DONE, finished_at=timezone.now()
+    )
+    plan.refresh_from_db()
+    record(
+        "dlq.discard.finished",
+        actor=Actor.system(),
+        target=plan,
+        channel_slug=plan.channel.slug,
+        after={"total": plan.total, "discarded": plan.discarded, "skipped": plan.skipped},
+    )
+
+
+def run_discard_plan(plan: Any, owner: str, result: Any, max_seconds: float) -> Any:
+    """The relay's part for an approved discard plan: bounded batches, one transaction each."""
+
+    deadline = time.monotonic() + max_seconds
+    ReplayPlan.objects.filter(pk=plan.pk, status=PlanStatus.QUEUED).update(
+        status=PlanStatus.RUNNING, started_at=timezone.now()
+    )
+    while time.monotonic() < deadline:
+        with transaction.atomic():
+            plan.refresh_from_db()
+            if plan.status != PlanStatus.RUNNING:
+                break
+            items = list(
+                plan.items.filter(status=ItemStatus.PENDING).order_by("position")[:DISCARD_BATCH]
+            )
+            if not items:
+                _finish_discard(plan)
+                break
+            _discard_items(plan, items)
+    else:
+        result.more = True
+    plan.refresh_from_db()
+    result.status = plan.status
+    return result
+
+
+def _locked_plan(plan_id: int) -> Any:
+
+    return ReplayPlan.objects.select_for_update().select_related("channel").get(pk=plan_id)
+
+
+def _audit_plan(plan: Any, action: str, actor: Actor, reason: str = "", **after: Any) -> None:
+    record(
+        f"dlq.{plan.kind}.{action}",
+        actor=actor,
+        target=plan,
+        channel_slug=plan.channel.slug,
+        reason=reason,
+        after={"status": plan.status, **after},
+    )
+
+
+@transaction.atomic
+def do_approve_plan(plan_id: int, *, actor: Actor, reason: str = "") -> Any:
+    """A second person approves a plan awaiting approval; never its own requester."""
+
+    plan = _locked_plan(plan_id)
+    if plan.status != PlanStatus.AWAITING_APPROVAL:
+        state = plan.get_status_display().lower()
+        raise PlanRefused(f"The plan is {state}, not awaiting approval.")
+    if actor.user_id is None or actor.user_id == plan.requested_by_id:
+        raise PlanRefused("The requester cannot approve their own plan: ask a second person.")
+    now = timezone.now()
+    ReplayPlan.objects.filter(pk=plan.pk).update(
+        status=PlanStatus.QUEUED,
+        approved_by_id=actor.user_id,
+        approved_by_username=actor.username,
+        approved_at=now,
+    )
+    plan.refresh_from_db()
+    _audit_plan(plan, "approve", actor, reason, requested_by=plan.requested_by_username)
+    if plan.kind == PlanKind.DISCARD and plan.total <= DISCARD_INLINE:
+        ReplayPlan.objects.filter(pk=plan.pk).update(status=PlanStatus.RUNNING, started_at=now)
+        plan.refresh_from_db()
+        _discard_items(plan, list(plan.items.filter(status=ItemStatus.PENDING)))
+        _finish_discard(plan)
+    else:
+        _enqueue_plan(plan.pk)
+    return plan
+
+
+@transaction.atomic
+def do_pause_plan(plan_id: int, *, actor: Actor, reason: str = "") -> Any:
+
+    plan = _locked_plan(plan_id)
+    if plan.status not in (PlanStatus.QUEUED, PlanStatus.RUNNING):
+        raise PlanRefused(f"A {plan.get_status_display().lower()} plan cannot be paused.")
+    ReplayPlan.objects.filter(pk=plan.pk).update(status=PlanStatus.PAUSED)
+    plan.refresh_from_db()
+    _audit_plan(plan, "pause", actor, reason)
+    return plan
+
+
+@transaction.atomic
+def do_resume_plan(plan_id: int, *, actor: Actor, reason: str = "") -> Any:
+    """Resume a paused plan, or one the canary halted (a person decided to go on)."""
+
+    plan = _locked_plan(plan_id)
+    if plan.status not in (PlanStatus.PAUSED, PlanStatus.HALTED):
+        raise PlanRefused(f"A {plan.get_status_display().lower()} plan cannot be resumed.")
+    changes: dict[str, Any] = {"status": PlanStatus.QUEUED}
+    if plan.status == PlanStatus.HALTED:
+        changes["canary_passed_at"] = timezone.now()  # the person overrules the canary
+    ReplayPlan.objects.filter(pk=plan.pk).update(**changes)
+    plan.refresh_from_db()
+    _audit_plan(plan, "resume", actor, reason)
+    _enqueue_plan(plan.pk)
+    return plan
+
+
+@transaction.atomic
+def do_cancel_plan(plan_id: int, *, actor: Actor, reason: str = "") -> Any:
+    """Cancel: items not yet sent become CANCELLED and their entries NEW again (one audit
+    event each). Items in flight (SENDING) keep their course: the relay records their real
+    outcome, since the broker may already have them."""
+
+    plan = _locked_plan(plan_id)
+    if plan.status in FINISHED:
+        raise PlanRefused(f"The plan is already {plan.get_status_display().lower()}.")
+    now = timezone.now()
+    ReplayPlan.objects.filter(pk=plan.pk).update(
+        status=PlanStatus.CANCELLED, finished_at=now, status_note=reason[:1000]
+    )
+    cancelled = 0
+    pending = ReplayItem.objects.filter(plan=plan, status=ItemStatus.PENDING)
+    while True:
+        chunk = list(pending.order_by("position").values_list("pk", "entry_id")[:5000])
+        if not chunk:
+            break
+        ReplayItem.objects.filter(pk__in=[pk for pk, _ in chunk]).update(
+            status=ItemStatus.CANCELLED, finished_at=now
+        )
+        entry_ids = [e for _, e in chunk]
+        if plan.kind == PlanKind.REPLAY:
+            DeadLetter.objects.filter(pk__in=entry_ids, status=Status.REPLAYING).update(
+                status=Status.NEW
+            )
+            record_many(
+                [
+                    EventSpec(
+                        "dlq.replay.cancelled", "dlq.deadletter", e, f"dead letter #{e}",
+                        plan.channel.slug, reason=reason, after={"plan": plan.pk, "item": pk},
+                        outcome="failed",
+                    )  # fmt: skip
+                    for pk, e in chunk
+                ],
+                actor=actor,
+            )
+        cancelled += len(chunk)
+    ReplayPlan.objects.filter(pk=plan.pk).update(cancelled=F("cancelled") + cancelled)
+    plan.refresh_from_db()
+    _audit_plan(plan, "cancel", actor, reason, cancelled=cancelled)
+    return plan

@@ -44,6 +44,7 @@ from channels_registry.models import BrokerKind, Channel, DlqStrategy, Idempoten
 from dlq import redaction, render
 from dlq.fingerprint import fingerprint, normalize_error
 from dlq.models import DeadLetter, FailureGroup, Source
+from dlq.replay import link_replayed_parents
 
 log = logging.getLogger(__name__)
 
@@ -287,6 +288,7 @@ def store_batch(
         groups = _groups_for(locked, {fp for _, fp in unique.values()}, now)
         for entry, fp in unique.values():
             entry.group_id = groups[fp].pk
+        link_replayed_parents(entry for entry, _ in unique.values())
         DeadLetter.objects.bulk_create(
             [entry for entry, _ in unique.values()], batch_size=BATCH_SIZE, ignore_conflicts=True
         )

@@ -100,6 +100,8 @@ class DeadLetter(models.Model):
     parent = models.ForeignKey(
         "self", on_delete=models.SET_NULL, null=True, blank=True, related_name="children"
     )
+    # How many replays of this message dead-lettered again (parent's generation + 1).
+    generation = models.PositiveSmallIntegerField(default=0)
     purged_at = models.DateTimeField(null=True, blank=True)
     # Lower-cased, redacted, truncated text of body and headers for the text filter (a trigram
     # GIN index on PostgreSQL, see migration 0002). Redacted so a search cannot probe hidden
@@ -116,6 +118,11 @@ class DeadLetter(models.Model):
             models.Index(fields=["idempotency_key"], name="dlq_entry_idem"),
             models.Index(fields=["dead_lettered_at"], name="dlq_entry_dead_at"),
         ]
+        permissions = [
+            ("replay_deadletter", "Can replay dead letters"),
+            ("discard_deadletter", "Can discard dead letters"),
+            ("approve_bulk_action", "Can approve another person's bulk replay or discard"),
+        ]
 
     def __str__(self) -> str:
         return f"dead letter #{self.pk}"
@@ -126,6 +133,11 @@ class DeadLetter(models.Model):
     @property
     def is_purged(self) -> bool:
         return self.purged_at is not None
+
+    @property
+    def is_repeat_offender(self) -> bool:
+        """Replayed ``REPEAT_OFFENDER_REPLAYS`` times and back in the DLQ every time."""
+        return self.generation >= REPEAT_OFFENDER_REPLAYS
 
     @property
     def is_resolved(self) -> bool:
@@ -145,3 +157,26 @@ class DeadLetter(models.Model):
             return False
         margin = dt.timedelta(seconds=self.channel.retention_s * 0.1)
         return (now or timezone.now()) >= eviction - margin
+
+
+# Replay plans and their items (kept in their own module; imported here so Django sees them).
+REPEAT_OFFENDER_REPLAYS = 3
+from dlq.replay_models import (  # noqa: E402
+    ItemStatus,
+    PlanKind,
+    PlanStatus,
+    ReplayItem,
+    ReplayPlan,
+)
+
+__all__ = [
+    "DeadLetter",
+    "FailureGroup",
+    "ItemStatus",
+    "PlanKind",
+    "PlanStatus",
+    "ReplayItem",
+    "ReplayPlan",
+    "Source",
+    "Status",
+]

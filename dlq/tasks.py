@@ -31,3 +31,36 @@ def enqueue_ingest_task() -> int:
 def purge_expired_task() -> int:
     """Periodic: retention purge (bounded per run)."""
     return actions.do_purge_expired(timezone.now()).purged
+
+
+@shared_task(
+    autoretry_for=(Exception,), retry_backoff=5, retry_backoff_max=300, retry_jitter=True,
+    max_retries=20,
+)  # fmt: skip
+def run_replay_plan_task(plan_id: int) -> dict[str, int | str]:
+    """Run a replay/discard plan for one time slice. Idempotent on re-entry: the plan's lease
+    lets one relay at a time work on it, and items carry their own state. Re-enqueues itself
+    while work is left; the periodic ``resume_replay_plans_task`` catches any that get lost."""
+    from dlq import replay
+
+    result = replay.run_plan(plan_id)
+    if result.more:
+        run_replay_plan_task.apply_async((plan_id,), countdown=max(result.retry_in, 0.5))
+    return {"published": result.published, "confirmed": result.confirmed, "status": result.status}
+
+
+@shared_task
+def resume_replay_plans_task() -> int:
+    """Periodic: plans that should be running but have no live relay (a crashed worker, a lost
+    task, or ``make run`` without Celery) are run again; in-process when tasks run eagerly."""
+    from django.conf import settings
+
+    from dlq import replay
+
+    ids = replay.orphaned_plans()
+    for plan_id in ids:
+        if settings.CELERY_TASK_ALWAYS_EAGER:
+            replay.run_plan(plan_id, max_seconds=10.0)  # the scheduler thread, bounded
+        else:
+            run_replay_plan_task.delay(plan_id)
+    return len(ids)

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from django.urls import path
 
-from dlq import views
+from dlq import replay_views, views
 
 app_name = "dlq"
 urlpatterns = [
@@ -11,4 +11,9 @@ urlpatterns = [
     path("<int:pk>/", views.entry_detail, name="entry_detail"),
     path("<int:pk>/reveal/", views.entry_reveal, name="entry_reveal"),
     path("<int:pk>/raw/", views.entry_download, name="entry_download"),
+    path("replay/", replay_views.bulk_action, {"kind": "replay"}, name="replay"),
+    path("discard/", replay_views.bulk_action, {"kind": "discard"}, name="discard"),
+    path("replays/", replay_views.plan_list, name="plan_list"),
+    path("replays/<int:pk>/", replay_views.plan_detail, name="plan_detail"),
+    path("replays/<int:pk>/<slug:action>/", replay_views.plan_action, name="plan_action"),
 ]

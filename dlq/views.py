@@ -22,6 +22,7 @@ from dlq.access import can_reveal, entries_for_user, get_entry_for_user, groups_
 from dlq.actions import do_reveal_entry
 from dlq.filters import PAGE_SIZE, EntryFilter, approximate_total, keyset_page
 from dlq.models import DeadLetter, Source, Status
+from dlq.replay_views import lineage_context
 
 GROUPS_SHOWN = 200
 
@@ -95,6 +96,8 @@ def entry_list(request: HtmxHttpRequest) -> HttpResponse:
         "statuses": Status.choices,
         "group": groups_for_user(request).filter(pk=f.group).first() if f.group else None,
         "paged": after_id is not None,
+        "can_bulk": request.user.has_perm("dlq.replay_deadletter")
+        or request.user.has_perm("dlq.discard_deadletter"),
     }
     template = "dlq/entry_list.html"
     if request.htmx and not request.htmx.boosted:
@@ -131,6 +134,7 @@ def _detail_context(request: HtmxHttpRequest, entry: DeadLetter, revealed: bool)
         "near_eviction": entry.near_eviction(),
         "eviction_at": entry.eviction_at(),
         "error_message": body_render.visible(entry.error_message[:5000]),
+        **lineage_context(request, entry),
     }
 
 

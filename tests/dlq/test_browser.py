@@ -55,7 +55,7 @@ def _drive_browser(base: str, session: str, entries: dict[str, int]) -> None:
                 page.wait_for_timeout(300)  # let htmx process the DOM
                 assert page.locator("header.topbar nav").count() == 1, name
                 assert page.locator("main h2", has_text="Audit history").count() == 1, name
-                assert page.locator("main section.card").count() == 5, name
+                assert page.locator("main section.card").count() == 6, name  # + replays / lineage
                 assert page.locator("script").count() == 1, name  # htmx only
                 injected = "main img, main [hx-get], main a[href^='javascript']"
                 assert page.locator(injected).count() == 0, name

@@ -1,0 +1,935 @@
+"""Replay and discard of dead letters: the preview, the frozen plan, and the relay.
+
+Preview (``preview``): which entries a selection means (exactly the list filter's queryset, or
+an explicit id list), where they would go (the channel declaration: RabbitMQ queue, Redis
+stream, NATS stream), and what the declaration warns about. Nothing changes.
+
+Relay (``run_plan``), one plan at a time under a lease:
+
+1. Claim the plan with a conditional UPDATE (no lease, an expired one, or our own).
+2. Take a bounded batch of open items in plan order (``BATCH_SIZE``; smaller at low velocity
+   and during the canary). In one transaction mark them SENDING, bump ``attempts`` and persist
+   their ``replay_id`` — the SAME id again when the previous attempt's outcome is unknown
+   (timeout, connection lost), a new one after a definite refusal (nack, unroutable) — then
+   commit. A crash from here on leaves the items SENDING; the next run republishes them with
+   the same id, so extra copies are bounded by one batch and carry the id they share.
+3. Publish the batch: body bytes, original headers minus the broker's death bookkeeping,
+   the idempotency key untouched, ``x-dlq-replay-id`` added; persistent, confirmed, mandatory.
+4. In one transaction record each outcome: confirmed → item CONFIRMED, entry REPLAYED; refused
+   → retried after a capped exponential backoff with jitter, FAILED (entry FAILED) once the
+   attempts are spent or the refusal is permanent. Each terminal outcome is one audit event.
+5. Pace to the plan's velocity; renew the lease; stop at pause/cancel/halt (after resolving the
+   batch in flight), at the end of the time slice, or when every item is resolved (DONE).
+
+Canary: with ``canary_size`` k, the relay sends the first k items only, waits
+``canary_wait_s``, drains the channel's DLQ once (bounded) and halts the plan if any replayed
+message of the plan came back (a child entry) or any new entry of the plan's failure groups
+arrived since the plan started; otherwise it ramps to the full velocity.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import hashlib
+import logging
+import os
+import random
+import socket
+import time
+import uuid
+from collections.abc import Iterable
+from typing import Any
+
+from django.conf import settings
+from django.db import connection, transaction
+from django.db.models import Count, Exists, F, OuterRef, Q, QuerySet
+from django.db.models.functions import Coalesce
+from django.utils import timezone
+
+from audit.actions import Actor, EventSpec, record, record_many
+from brokers.base import Address, BrokerError, OutgoingMessage, Publisher, PublishOutcome
+from channels_registry.models import BrokerKind, Channel, ChannelHealth, Ordering, Semantic
+from dlq.filters import EntryFilter
+from dlq.models import (
+    REPEAT_OFFENDER_REPLAYS,
+    DeadLetter,
+    ItemStatus,
+    PlanKind,
+    PlanStatus,
+    ReplayItem,
+    ReplayPlan,
+    Source,
+    Status,
+)
+from dlq.replay_models import parse_replay_id
+
+log = logging.getLogger(__name__)
+
+REPLAY_ID_HEADER = "x-dlq-replay-id"
+BATCH_SIZE = 200  # items per publish round trip: the relay's in-flight window
+LEASE_S = 60.0
+SLICE_S = 300.0  # one relay run; the task re-enqueues itself for the rest
+DEFAULT_VELOCITY = 100.0
+MAX_VELOCITY = 100_000.0
+BACKOFF_BASE_S = 1.0
+BACKOFF_CAP_S = 60.0
+MAX_ATTEMPTS = 5
+CANARY_INGEST_BATCHES = 5
+ID_CHUNK = 5_000
+# Headers the broker adds when it dead-letters a message: they describe the old death, and a
+# replay that carried them would look dead already (and forged ones must change nothing).
+DEATH_HEADER_PREFIXES = ("x-first-death-", "x-last-death-")
+DEATH_HEADERS = {"x-death", REPLAY_ID_HEADER}
+# Entries a new plan cannot include: already in a plan's hands, or without a payload.
+REPLAY_EXCLUDED = {"replaying": "already being replayed by another plan", "purged": "purged"}
+
+
+# -- selection and preview -------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Selection:
+    """Which entries: an explicit id list (one entry, or checkboxes on the list), else the
+    list filter (which includes "a failure group": ``group=<id>``)."""
+
+    filter: EntryFilter
+    ids: list[int] = dataclasses.field(default_factory=list)
+
+    @classmethod
+    def from_params(cls, params: Any) -> Selection:
+        raw: list[str] = []
+        getlist = getattr(params, "getlist", None)
+        values = getlist("id") if getlist else params.get("id", [])
+        for value in [values] if isinstance(values, str | int) else values:
+            raw.extend(str(value).split(","))
+        ids = sorted({int(v) for v in (r.strip() for r in raw) if v.isdigit() and len(v) < 19})
+        return cls(EntryFilter.from_params(params), ids[:10_000])
+
+    @property
+    def mode(self) -> str:
+        if self.ids:
+            return "one" if len(self.ids) == 1 else "selection"
+        return "group" if self.filter.group and len(self.filter.params()) == 1 else "filter"
+
+    def queryset(self, entries: QuerySet[DeadLetter]) -> QuerySet[DeadLetter]:
+        if self.ids:
+            return entries.filter(pk__in=self.ids)
+        return self.filter.apply(entries)
+
+    def as_json(self) -> dict[str, Any]:
+        return {"mode": self.mode, "ids": self.ids[:1000], "filter": self.filter.params()}
+
+    def params(self) -> list[tuple[str, str]]:
+        """Hidden form fields that reproduce this selection."""
+        if self.ids:
+            return [("id", ",".join(str(i) for i in self.ids))]
+        return list(self.filter.params().items())
+
+
+@dataclasses.dataclass
+class Warn:
+    code: str
+    message: str
+    level: str = "warn"  # "block" | "warn" | "info"
+    count: int | None = None
+
+    def as_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass
+class Preview:
+    kind: str
+    selection: Selection
+    channel: Channel | None = None
+    matched: int = 0
+    eligible: int = 0
+    excluded: dict[str, int] = dataclasses.field(default_factory=dict)
+    target: Address | None = None
+    warnings: list[Warn] = dataclasses.field(default_factory=list)
+    errors: list[str] = dataclasses.field(default_factory=list)
+
+    @property
+    def blocked(self) -> bool:
+        return any(w.level == "block" for w in self.warnings)
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors and self.eligible > 0
+
+    def needs_approval(self, override: bool) -> bool:
+        return override or self.eligible > settings.DLO_FOUR_EYES_THRESHOLD
+
+    @property
+    def target_display(self) -> str:
+        return str(self.target) if self.target else "—"
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "channel": self.channel.slug if self.channel else None,
+            "selection": self.selection.as_json(),
+            "matched": self.matched,
+            "eligible": self.eligible,
+            "excluded": self.excluded,
+            "target": str(self.target) if self.target else None,
+            "warnings": [w.as_json() for w in self.warnings],
+            "blocked": self.blocked,
+            "needs_approval": self.needs_approval(False),
+            "four_eyes_threshold": settings.DLO_FOUR_EYES_THRESHOLD,
+            "errors": self.errors,
+        }
+
+
+def replay_target(channel: Channel) -> Address | None:
+    """Where a replay of this channel goes, from its declaration only: the channel's own queue
+    (RabbitMQ, default exchange), stream (Redis) or stream (NATS; each message to the subject
+    the stream stored it under). Allowlisted alternative targets are not offered yet."""
+    if not channel.address:
+        return None
+    return Address(channel.address)
+
+
+def eligible_entries(kind: str, entries: QuerySet[DeadLetter]) -> QuerySet[DeadLetter]:
+    if kind == PlanKind.DISCARD:
+        return entries.exclude(status__in=[Status.DISCARDED, Status.REPLAYING])
+    return entries.exclude(status=Status.REPLAYING).filter(purged_at__isnull=True)
+
+
+def _version_key(value: str) -> tuple[int, ...] | None:
+    parts = value.lstrip("vV").split(".")
+    return tuple(int(p) for p in parts) if all(p.isdigit() for p in parts) else None
+
+
+def _older(version: str, current: str) -> bool:
+    a, b = _version_key(version), _version_key(current)
+    return a < b if a is not None and b is not None else version != current
+
+
+def replayed_before(entries: QuerySet[DeadLetter]) -> QuerySet[DeadLetter]:
+    """Entries some earlier plan already published (or tried to), or whose replay came back."""
+    tried = ReplayItem.objects.filter(entry=OuterRef("pk"), attempts__gt=0)
+    child = DeadLetter.objects.filter(parent=OuterRef("pk"))
+    return entries.filter(
+        Q(status__in=[Status.REPLAYED, Status.FAILED]) | Exists(tried) | Exists(child)
+    )
+
+
+def _replay_warnings(channel: Channel, entries: QuerySet[DeadLetter]) -> list[Warn]:
+    """Warnings the declaration implies for replaying ``entries`` (already eligible)."""
+    warnings: list[Warn] = []
+    semantic = channel.semantic
+    if semantic == Semantic.AT_MOST_ONCE:
+        warnings.append(
+            Warn(
+                "at_most_once",
+                "The channel is declared at-most-once: its consumers may not tolerate a second "
+                "delivery. Replay is blocked unless you override it with a reason (and a second "
+                "person approves).",
+                "block",
+            )
+        )
+    elif not semantic:
+        warnings.append(Warn("semantic_unstated", "The channel states no delivery semantic."))
+    missing = entries.filter(missing_idempotency_key=True).count()
+    if missing and semantic != Semantic.AT_MOST_ONCE:
+        warnings.append(
+            Warn(
+                "missing_idempotency_key",
+                f"{missing:,} entr{'y has' if missing == 1 else 'ies have'} no idempotency key "
+                "on an at-least-once channel: a consumer cannot recognise them as duplicates.",
+                count=missing,
+            )
+        )
+    again = replayed_before(entries).count()
+    if again:
+        warnings.append(
+            Warn(
+                "replayed_before",
+                f"{again:,} entr{'y was' if again == 1 else 'ies were'} replayed before: "
+                "another copy may already have been processed.",
+                count=again,
+            )
+        )
+    offenders = entries.filter(generation__gte=REPEAT_OFFENDER_REPLAYS).count()
+    if offenders:
+        warnings.append(
+            Warn(
+                "repeat_offender",
+                f"{offenders:,} entr{'y has' if offenders == 1 else 'ies have'} come back after "
+                f"{REPEAT_OFFENDER_REPLAYS} or more replays (repeat offenders).",
+                count=offenders,
+            )
+        )
+    poison = entries.filter(source=Source.POISON).count()
+    if poison:
+        warnings.append(
+            Warn(
+                "poison",
+                f"{poison:,} poison entr{'y' if poison == 1 else 'ies'} (unparseable or "
+                "schema-invalid): they will fail again unless the consumer was fixed.",
+                count=poison,
+            )
+        )
+    warnings.extend(_ordering_warnings(channel, entries))
+    if channel.schema_version:
+        older = 0
+        rows = entries.exclude(schema_version="").values("schema_version").annotate(n=Count("id"))
+        for row in rows.order_by()[:1000]:
+            if _older(row["schema_version"], channel.schema_version):
+                older += row["n"]
+        if older:
+            warnings.append(
+                Warn(
+                    "schema_older",
+                    f"{older:,} entr{'y carries' if older == 1 else 'ies carry'} a schema version "
+                    f"older than the channel's current v{channel.schema_version}.",
+                    count=older,
+                )
+            )
+    health = ChannelHealth.objects.filter(channel=channel).values("consumers").first()
+    consumers = health["consumers"] if health else None
+    if consumers == 0:
+        warnings.append(
+            Warn(
+                "no_consumers",
+                "The target has no consumers right now: replayed messages will wait there.",
+            )
+        )
+    elif consumers is None:
+        warnings.append(Warn("consumers_unknown", "The target's consumers are unknown.", "info"))
+    return warnings
+
+
+ORDER_KEY_CHECK_LIMIT = 5_000
+
+
+def _ordering_warnings(channel: Channel, entries: QuerySet[DeadLetter]) -> list[Warn]:
+    ordering = channel.ordering
+    if ordering in (Ordering.PER_KEY, Ordering.FIFO_GROUP):
+        warnings = [
+            Warn(
+                "ordered",
+                f"The channel is ordered {channel.get_ordering_display().lower()}: entries are "
+                "replayed in their original dead-letter order, which keeps the order within "
+                "every key. Messages of the same key published since will arrive before them.",
+                "info",
+            )
+        ]
+        unknown, checked = _unknown_order_keys(channel, entries)
+        if unknown:
+            scope = "" if checked is None else f" (of the first {checked:,} checked)"
+            warnings.append(
+                Warn(
+                    "ordering_key_unknown",
+                    f"{unknown:,} entr{'y has' if unknown == 1 else 'ies have'} no "
+                    f"{channel.ordering_key or 'ordering'} key{scope}: their order relative "
+                    "to their key's other messages cannot be kept.",
+                    count=unknown,
+                )
+            )
+        return warnings
+    if ordering == Ordering.GLOBAL:
+        return [
+            Warn(
+                "ordered_global",
+                "The channel promises global order: a replay delivers these messages after "
+                "everything published since, so global order cannot be kept.",
+            )
+        ]
+    return []
+
+
+def _unknown_order_keys(channel: Channel, entries: QuerySet[DeadLetter]) -> tuple[int, int | None]:
+    """Entries whose ordering key is in neither a header nor a top-level JSON field. Bodies are
+    parsed for at most ``ORDER_KEY_CHECK_LIMIT`` entries (the count says when it stopped)."""
+    from dlq import render
+
+    key = channel.ordering_key.strip().lstrip("$").lstrip(".")
+    if not key:
+        return entries.count(), None
+    candidates = entries.exclude(headers__has_key=key).filter(purged_at__isnull=True)
+    unknown = 0
+    rows = candidates.values_list("body", flat=True).iterator(chunk_size=500)
+    for checked, body in enumerate(rows, start=1):
+        document = render.parse_json(bytes(body)) if body is not None else None
+        if not (isinstance(document, dict) and key in document):
+            unknown += 1
+        if checked >= ORDER_KEY_CHECK_LIMIT:
+            return unknown, checked
+    return unknown, None
+
+
+def preview(kind: str, selection: Selection, entries: QuerySet[DeadLetter]) -> Preview:
+    """What a replay or discard of ``selection`` would do. ``entries`` is the caller's
+    permitted queryset (``dlq.access.entries_for_user``)."""
+    result = Preview(kind, selection)
+    chosen = selection.queryset(entries)
+    channels = list(chosen.order_by().values_list("channel_id", flat=True).distinct()[:2])
+    result.matched = chosen.count()
+    if not result.matched:
+        result.errors.append("No entries match this selection.")
+        return result
+    if len(channels) > 1:
+        result.errors.append("The selection spans several channels: filter on one channel.")
+        return result
+    channel = Channel.objects.select_related("broker").get(pk=channels[0])
+    result.channel = channel
+    eligible = eligible_entries(kind, chosen)
+    result.eligible = eligible.count()
+    if result.eligible != result.matched:
+        if kind == PlanKind.DISCARD:
+            result.excluded = {
+                "already discarded": chosen.filter(status=Status.DISCARDED).count(),
+                "being replayed": chosen.filter(status=Status.REPLAYING).count(),
+            }
+        else:
+            result.excluded = {
+                "being replayed": chosen.filter(status=Status.REPLAYING).count(),
+                "payload purged": chosen.exclude(status=Status.REPLAYING)
+                .filter(purged_at__isnull=False)
+                .count(),
+            }
+        result.excluded = {k: v for k, v in result.excluded.items() if v}
+    if kind == PlanKind.REPLAY:
+        result.target = replay_target(channel)
+        if result.target is None:
+            result.errors.append("The channel declares no address to replay to.")
+        if result.eligible:
+            result.warnings = _replay_warnings(channel, eligible)
+    if not result.eligible and not result.errors:
+        result.errors.append("None of the matching entries can be " + kind + "ed.")
+    return result
+
+
+def ordered_ids(kind: str, selection: Selection, entries: QuerySet[DeadLetter]) -> list[int]:
+    """The exact ids a plan freezes, in replay order: original dead-letter order, then id."""
+    chosen = eligible_entries(kind, selection.queryset(entries)).order_by("dead_lettered_at", "id")
+    if connection.vendor == "postgresql":
+        chosen = chosen.select_for_update(of=("self",))
+    return list(chosen.values_list("id", flat=True))
+
+
+def ids_digest(ids: Iterable[int]) -> str:
+    digest = hashlib.sha256()
+    for pk in ids:
+        digest.update(f"{pk},".encode())
+    return digest.hexdigest()
+
+
+# -- the outgoing message ------------------------------------------------------------------
+
+
+def _header_value(value: Any) -> Any:
+    """Stored JSON-safe header values back to what the broker had: ``{"$bytes": hex}`` → bytes."""
+    if isinstance(value, dict):
+        if set(value) == {"$bytes"} and isinstance(value["$bytes"], str):
+            try:
+                return bytes.fromhex(value["$bytes"])
+            except ValueError:
+                return value
+        return {k: _header_value(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_header_value(v) for v in value]
+    return value
+
+
+def replay_headers(headers: dict[str, Any], replay_id: str) -> dict[str, Any]:
+    """Original headers minus the death bookkeeping, plus ``x-dlq-replay-id``. Everything
+    else (the idempotency key first of all) is kept exactly."""
+    kept = {
+        k: _header_value(v)
+        for k, v in (headers or {}).items()
+        if k.lower() not in DEATH_HEADERS and not k.lower().startswith(DEATH_HEADER_PREFIXES)
+    }
+    kept[REPLAY_ID_HEADER] = replay_id
+    return kept
+
+
+def outgoing(entry: DeadLetter, item: ReplayItem) -> OutgoingMessage:
+    properties = {
+        k: v for k, v in (entry.properties or {}).items() if k not in ("headers", "delivery_mode")
+    }
+    return OutgoingMessage(
+        key=str(item.pk),
+        body=bytes(entry.body or b""),
+        headers=replay_headers(entry.headers, item.replay_id),
+        properties=properties,
+    )
+
+
+# -- the relay -------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class RunResult:
+    plan_id: int
+    claimed: bool = True
+    published: int = 0
+    confirmed: int = 0
+    failed: int = 0
+    status: str = ""
+    more: bool = False  # work left: run again (now or after ``retry_in``)
+    retry_in: float = 0.0
+
+
+def backoff(attempt: int) -> float:
+    """Capped exponential backoff with full jitter: 1 s, 2 s, 4 s … ≤ 60 s."""
+    return random.uniform(0.5, 1.0) * min(BACKOFF_CAP_S, BACKOFF_BASE_S * 2 ** (attempt - 1))
+
+
+def _definite_refusal(outcome: PublishOutcome) -> bool:
+    """The broker said no (nothing was enqueued): the next attempt may take a new replay id.
+    Anything else unconfirmed (timeout, connection lost) is in doubt: same id again."""
+    reason = outcome.reason
+    return outcome.permanent or reason == "nacked" or reason.startswith(("unroutable", "not sent"))
+
+
+def _claim_plan(plan_id: int, owner: str) -> bool:
+    now = timezone.now()
+    lease = now + dt.timedelta(seconds=LEASE_S)
+    free = Q(lease_until__isnull=True) | Q(lease_until__lt=now) | Q(lease_owner=owner)
+    open_items = Exists(ReplayItem.objects.filter(plan=OuterRef("pk"), status=ItemStatus.SENDING))
+    claimable = Q(status__in=[PlanStatus.QUEUED, PlanStatus.RUNNING]) | Q(open_items)
+    updated = (
+        ReplayPlan.objects.filter(free, pk=plan_id)
+        .annotate(open_items=open_items)
+        .filter(claimable)
+        .update(lease_owner=owner, lease_until=lease)
+    )
+    return updated == 1
+
+
+def _renew(plan_id: int, owner: str) -> bool:
+    lease = timezone.now() + dt.timedelta(seconds=LEASE_S)
+    return bool(ReplayPlan.objects.filter(pk=plan_id, lease_owner=owner).update(lease_until=lease))
+
+
+def _release(plan_id: int, owner: str) -> None:
+    ReplayPlan.objects.filter(pk=plan_id, lease_owner=owner).update(
+        lease_owner="", lease_until=None
+    )
+
+
+def _take_batch(
+    plan: ReplayPlan, limit: int, only_in_doubt: bool, upto: int | None = None
+) -> list[ReplayItem]:
+    """Step 2: claim up to ``limit`` items (positions below ``upto`` when given) for an
+    attempt and persist their replay ids."""
+    now = timezone.now()
+    with transaction.atomic():
+        # In-doubt items of a crashed run first: they were (maybe) published already.
+        items = list(
+            ReplayItem.objects.filter(plan=plan, status=ItemStatus.SENDING).order_by("position")[
+                :limit
+            ]
+        )
+        if not items and not only_in_doubt:
+            due = Q(next_attempt_at__isnull=True) | Q(next_attempt_at__lte=now)
+            if upto is not None:
+                due &= Q(position__lt=upto)
+            items = list(
+                ReplayItem.objects.filter(due, plan=plan, status=ItemStatus.PENDING).order_by(
+                    "position"
+                )[:limit]
+            )
+        if not items:
+            return []
+        fresh = [i for i in items if i.status == ItemStatus.PENDING]
+        for item in fresh:
+            item.attempts += 1
+            item.status = ItemStatus.SENDING
+            item.replay_id = item.replay_id or f"{plan.pk}:{item.pk}:{item.attempts}"
+        if fresh:
+            ReplayItem.objects.bulk_update(fresh, ["attempts", "status", "replay_id"])
+            ReplayPlan.objects.filter(pk=plan.pk).update(sent=F("sent") + len(fresh))
+    return items
+
+
+def _record_outcomes(
+    plan: ReplayPlan, items: list[ReplayItem], outcomes: list[PublishOutcome], actor: Actor
+) -> tuple[int, int]:
+    """Step 4: one transaction for the batch's outcomes. Returns (confirmed, failed)."""
+    by_key = {o.key: o for o in outcomes}
+    now = timezone.now()
+    ok: list[ReplayItem] = []
+    failed: list[tuple[ReplayItem, str]] = []
+    retry: list[ReplayItem] = []
+    for item in items:
+        outcome = by_key.get(str(item.pk)) or PublishOutcome(str(item.pk), False, "no outcome")
+        if outcome.confirmed:
+            ok.append(item)
+            continue
+        item.last_error = outcome.reason[:2000] or "not confirmed"
+        if outcome.permanent or item.attempts >= plan.max_attempts:
+            failed.append((item, item.last_error))
+            continue
+        if _definite_refusal(outcome):
+            item.replay_id = ""  # nothing was enqueued: the next attempt gets its own id
+        item.status = ItemStatus.PENDING
+        item.next_attempt_at = now + dt.timedelta(seconds=backoff(item.attempts))
+        retry.append(item)
+    slug = plan.channel.slug
+    with transaction.atomic():
+        # Only items still SENDING (a concurrent cancel never touches those, see actions).
+        ok_ids = [i.pk for i in ok]
+        n_ok = ReplayItem.objects.filter(pk__in=ok_ids, status=ItemStatus.SENDING).update(
+            status=ItemStatus.CONFIRMED, finished_at=now, last_error=""
+        )
+        entry_ids = [i.entry_id for i in ok]
+        DeadLetter.objects.filter(pk__in=entry_ids).update(status=Status.REPLAYED)
+        specs = [
+            EventSpec(
+                "dlq.replay.replayed",
+                "dlq.deadletter",
+                i.entry_id,
+                f"dead letter #{i.entry_id}",
+                slug,
+                after={
+                    "plan": plan.pk,
+                    "item": i.pk,
+                    "replay_id": i.replay_id,
+                    "attempts": i.attempts,
+                    "target": plan.target_display,
+                },
+            )  # fmt: skip
+            for i in ok
+        ]
+        for item, reason in failed:
+            ReplayItem.objects.filter(pk=item.pk, status=ItemStatus.SENDING).update(
+                status=ItemStatus.FAILED, finished_at=now, last_error=reason
+            )
+        if failed:
+            DeadLetter.objects.filter(pk__in=[i.entry_id for i, _ in failed]).update(
+                status=Status.FAILED
+            )
+        specs += [
+            EventSpec(
+                "dlq.replay.failed",
+                "dlq.deadletter",
+                i.entry_id,
+                f"dead letter #{i.entry_id}",
+                slug,
+                reason=reason,
+                after={
+                    "plan": plan.pk,
+                    "item": i.pk,
+                    "replay_id": i.replay_id,
+                    "attempts": i.attempts,
+                    "target": plan.target_display,
+                },
+                outcome="failed",
+            )  # fmt: skip
+            for i, reason in failed
+        ]
+        if retry:
+            ReplayItem.objects.bulk_update(
+                retry, ["status", "next_attempt_at", "last_error", "replay_id"]
+            )
+        record_many(specs, actor=actor)
+        ReplayPlan.objects.filter(pk=plan.pk).update(
+            confirmed=F("confirmed") + n_ok, failed=F("failed") + len(failed)
+        )
+    return n_ok, len(failed)
+
+
+class _Publishers:
+    """Open publishers per target address, reopened after a connection loss. NATS messages go
+    to the subject their stream stored them under (broker metadata, never a header)."""
+
+    def __init__(self, plan: ReplayPlan) -> None:
+        from dlq.ingest import adapter_for
+
+        self.plan = plan
+        self.adapter = adapter_for(plan.channel)
+        self.open: dict[Address, Publisher] = {}
+
+    def target_for(self, entry: DeadLetter) -> Address:
+        base = Address(self.plan.target_name, self.plan.target_group)
+        if self.plan.channel.broker.kind == BrokerKind.NATS:
+            subject = (entry.properties or {}).get("subject")
+            stream = (entry.properties or {}).get("stream")
+            if isinstance(subject, str) and subject and stream == self.plan.target_name:
+                return Address(subject)
+        return base
+
+    def publish(self, batch: list[tuple[Address, OutgoingMessage]]) -> list[PublishOutcome]:
+        groups: dict[Address, list[OutgoingMessage]] = {}
+        for target, message in batch:
+            groups.setdefault(target, []).append(message)
+        outcomes: list[PublishOutcome] = []
+        for target, messages in groups.items():
+            try:
+                publisher = self.open.get(target)
+                if publisher is None:
+                    publisher = self.open[target] = self.adapter.open_publisher(target)
+                result = publisher.publish(messages)
+            except BrokerError as exc:
+                self.drop(target)
+                result = [
+                    PublishOutcome(m.key, False, f"broker error: {exc}", exc.permanent)
+                    for m in messages
+                ]
+            if any(o.reason.startswith(("connection closed", "channel closed")) for o in result):
+                self.drop(target)
+            outcomes.extend(result)
+        return outcomes
+
+    def drop(self, target: Address) -> None:
+        publisher = self.open.pop(target, None)
+        if publisher is not None:
+            try:
+                publisher.close()
+            except Exception:  # closing a broken session must not hide the outcome
+                log.debug("closing publisher failed", exc_info=True)
+
+    def close(self) -> None:
+        for target in list(self.open):
+            self.drop(target)
+
+
+def relay_owner() -> str:
+    return f"{socket.gethostname()[:30]}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+def _crash_point() -> int | None:
+    """Fault injection (tests only): ``DLO_TEST_RELAY_CRASH_AFTER=<n>`` ends the process with
+    ``os._exit(137)`` right after the n-th published batch, before its outcomes commit."""
+    raw = os.environ.get("DLO_TEST_RELAY_CRASH_AFTER", "")
+    return int(raw) if raw.isdigit() else None
+
+
+def run_plan(plan_id: int, *, max_seconds: float = SLICE_S, owner: str | None = None) -> RunResult:
+    """Work on one plan for at most ``max_seconds`` (see the module docstring)."""
+    owner = owner or relay_owner()
+    result = RunResult(plan_id)
+    if not _claim_plan(plan_id, owner):
+        result.claimed = False
+        return result
+    try:
+        plan = ReplayPlan.objects.select_related("channel", "channel__broker").get(pk=plan_id)
+        if plan.kind == PlanKind.DISCARD:
+            from dlq.actions import run_discard_plan
+
+            return run_discard_plan(plan, owner, result, max_seconds)
+        return _run_replay(plan, owner, result, max_seconds)
+    finally:
+        _release(plan_id, owner)
+
+
+def _start(plan: ReplayPlan) -> None:
+    if plan.status == PlanStatus.QUEUED:
+        ReplayPlan.objects.filter(pk=plan.pk, status=PlanStatus.QUEUED).update(
+            status=PlanStatus.RUNNING, started_at=Coalesce(F("started_at"), timezone.now())
+        )
+        plan.refresh_from_db()
+
+
+def _run_replay(plan: ReplayPlan, owner: str, result: RunResult, max_seconds: float) -> RunResult:
+    actor = Actor.system("replay-relay")
+    deadline = time.monotonic() + max_seconds
+    crash_after = _crash_point()
+    publishers = _Publishers(plan)
+    batches = 0
+    try:
+        _start(plan)
+        while True:
+            plan.refresh_from_db()
+            if not _renew(plan.pk, owner):
+                result.status = plan.status
+                return result  # someone else took the plan over
+            runnable = plan.status in (PlanStatus.QUEUED, PlanStatus.RUNNING)
+            # During the canary only the first ``canary_size`` items (by position) go out.
+            canary = runnable and bool(plan.canary_size) and plan.canary_passed_at is None
+            upto = plan.canary_size if canary else None
+            items = _take_batch(plan, _batch_limit(plan), not runnable, upto)
+            if not items:
+                if not runnable:
+                    break  # paused / cancelled / halted, and nothing in doubt
+                wait = _next_due_in(plan, upto)
+                if wait is None:
+                    if canary:
+                        if _canary_check(plan, deadline):
+                            continue
+                        plan.refresh_from_db()
+                        result.more = plan.status == PlanStatus.RUNNING
+                        result.retry_in = 1.0
+                        break
+                    _finish(plan, actor)
+                    break
+                if time.monotonic() + wait > deadline:
+                    result.more, result.retry_in = True, wait
+                    break
+                time.sleep(min(wait, 5.0))
+                continue
+            started = time.monotonic()
+            entries = DeadLetter.objects.in_bulk([i.entry_id for i in items])
+            batch = [(publishers.target_for(entries[i.entry_id]), outgoing(entries[i.entry_id], i))
+                     for i in items]  # fmt: skip
+            outcomes = publishers.publish(batch)
+            batches += 1
+            if crash_after is not None and batches >= crash_after:
+                os._exit(137)
+            ok, failed = _record_outcomes(plan, items, outcomes, actor)
+            result.published += len(items)
+            result.confirmed += ok
+            result.failed += failed
+            if plan.velocity:
+                spare = len(items) / plan.velocity - (time.monotonic() - started)
+                if spare > 0:
+                    time.sleep(spare)
+            if time.monotonic() > deadline:
+                result.more = True
+                break
+    finally:
+        publishers.close()
+    plan.refresh_from_db()
+    result.status = plan.status
+    return result
+
+
+def _batch_limit(plan: ReplayPlan) -> int:
+    """Bounded: ``BATCH_SIZE``, or about one second of messages at a low velocity."""
+    if plan.velocity:
+        return max(1, min(BATCH_SIZE, int(plan.velocity)))
+    return BATCH_SIZE
+
+
+def _next_due_in(plan: ReplayPlan, upto: int | None = None) -> float | None:
+    """Seconds until the next pending item is due; None when nothing is open."""
+    pending = ReplayItem.objects.filter(plan=plan, status__in=[ItemStatus.PENDING])
+    if upto is not None:
+        pending = pending.filter(position__lt=upto)
+    first = pending.order_by("next_attempt_at").values_list("next_attempt_at", flat=True).first()
+    if first is None and not pending.exists():
+        return None
+    if first is None:
+        return 0.0
+    return max((first - timezone.now()).total_seconds(), 0.0)
+
+
+def _finish(plan: ReplayPlan, actor: Actor) -> None:
+    with transaction.atomic():
+        done = ReplayPlan.objects.filter(pk=plan.pk, status=PlanStatus.RUNNING).update(
+            status=PlanStatus.DONE, finished_at=timezone.now()
+        )
+        if done:
+            plan.refresh_from_db()
+            record(
+                f"dlq.{plan.kind}.finished",
+                actor=actor,
+                target=plan,
+                channel_slug=plan.channel.slug,
+                after={
+                    "total": plan.total,
+                    "confirmed": plan.confirmed,
+                    "failed": plan.failed,
+                    "discarded": plan.discarded,
+                    "skipped": plan.skipped,
+                    "publishes": plan.sent,
+                },
+            )
+
+
+def _canary_check(plan: ReplayPlan, deadline: float) -> bool:
+    """Wait out the canary interval, then halt the plan if the failure came back. Returns True
+    when the plan may ramp up (the canary passed), False when it halted or must wait more."""
+    due = (plan.started_at or timezone.now()) + dt.timedelta(seconds=plan.canary_wait_s)
+    last = (
+        ReplayItem.objects.filter(plan=plan, finished_at__isnull=False)
+        .order_by("-finished_at")
+        .values_list("finished_at", flat=True)
+        .first()
+    )
+    if last is not None:
+        due = max(due, last + dt.timedelta(seconds=plan.canary_wait_s))
+    wait = (due - timezone.now()).total_seconds()
+    if wait > 0:
+        if time.monotonic() + wait > deadline:
+            return False
+        time.sleep(wait)
+    from dlq.actions import do_ingest_channel
+
+    if plan.channel.dlq_address:
+        do_ingest_channel(plan.channel_id, max_batches=CANARY_INGEST_BATCHES)
+    recurred = canary_recurrences(plan)
+    with transaction.atomic():
+        if recurred:
+            changed = ReplayPlan.objects.filter(pk=plan.pk, status=PlanStatus.RUNNING).update(
+                status=PlanStatus.HALTED,
+                status_note=f"canary: {recurred} message(s) dead-lettered again",
+            )
+            if changed:
+                record(
+                    "dlq.replay.halted",
+                    actor=Actor.system("replay-relay"),
+                    target=plan,
+                    channel_slug=plan.channel.slug,
+                    reason="canary: the failure recurred",
+                    after={"recurred": recurred, "canary_size": plan.canary_size},
+                    outcome="failed",
+                )
+            return False
+        ReplayPlan.objects.filter(pk=plan.pk).update(canary_passed_at=timezone.now())
+        record(
+            "dlq.replay.canary_passed",
+            actor=Actor.system("replay-relay"),
+            target=plan,
+            channel_slug=plan.channel.slug,
+            after={"canary_size": plan.canary_size, "wait_s": plan.canary_wait_s},
+        )
+    return True
+
+
+def canary_recurrences(plan: ReplayPlan) -> int:
+    """Entries that came back since the plan started: children of its entries, or new entries
+    in the failure groups its entries belong to."""
+    started = plan.started_at or plan.created_at
+    entry_ids = ReplayItem.objects.filter(plan=plan).values("entry_id")
+    groups = DeadLetter.objects.filter(pk__in=entry_ids, group__isnull=False).values("group_id")
+    return (
+        DeadLetter.objects.filter(Q(parent_id__in=entry_ids) | Q(group_id__in=groups))
+        .filter(ingested_at__gte=started)
+        .exclude(pk__in=entry_ids)
+        .count()
+    )
+
+
+def orphaned_plans(limit: int = 50) -> list[int]:
+    """Plans with work for a relay and no live lease: runnable ones, and stopped ones that
+    still have items in doubt (SENDING)."""
+    now = timezone.now()
+    free = Q(lease_until__isnull=True) | Q(lease_until__lt=now)
+    in_doubt = Exists(ReplayItem.objects.filter(plan=OuterRef("pk"), status=ItemStatus.SENDING))
+    return list(
+        ReplayPlan.objects.filter(free)
+        .filter(Q(status__in=[PlanStatus.QUEUED, PlanStatus.RUNNING]) | in_doubt)
+        .order_by("id")
+        .values_list("id", flat=True)[:limit]
+    )
+
+
+def link_replayed_parents(entries: Iterable[DeadLetter]) -> None:
+    """Lineage at ingest: an entry carrying an ``x-dlq-replay-id`` of one of our plans is a
+    replay that dead-lettered again. Point it at the entry it was replayed from and count the
+    generation (one query per batch). Unknown or forged ids are ignored."""
+    wanted: dict[int, list[DeadLetter]] = {}
+    for entry in entries:
+        value = next(
+            (v for k, v in (entry.headers or {}).items() if k.lower() == REPLAY_ID_HEADER), None
+        )
+        parsed = parse_replay_id(value)
+        if parsed is not None:
+            wanted.setdefault(parsed[1], []).append(entry)
+    if not wanted:
+        return
+    rows = ReplayItem.objects.filter(pk__in=list(wanted)).values_list(
+        "pk", "plan_id", "entry_id", "entry__generation", "entry__channel_id"
+    )
+    for item_id, plan_id, parent_id, generation, channel_id in rows:
+        for entry in wanted[item_id]:
+            replay_id = parse_replay_id(entry.headers.get(REPLAY_ID_HEADER))
+            if channel_id == entry.channel_id and replay_id and replay_id[0] == plan_id:
+                entry.parent_id = parent_id
+                entry.generation = generation + 1

@@ -1,0 +1,169 @@
+"""Bulk actions on dead letters: a frozen plan (replay or discard) and one item per entry.
+
+A plan is the transactional outbox of a bulk action: the request freezes the exact entry ids
+(one ``ReplayItem`` each, in replay order), the target taken from the channel declaration, the
+velocity, the warnings the user saw, actor and reason. The relay (``dlq.replay``) then works
+through the items; every attempt is a row update, every terminal outcome an audit event.
+
+Imported at the end of ``dlq.models`` so Django registers the models with the app.
+"""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import models
+from django.urls import reverse
+
+
+class PlanKind(models.TextChoices):
+    REPLAY = "replay", "Replay"
+    DISCARD = "discard", "Discard"
+
+
+class PlanStatus(models.TextChoices):
+    AWAITING_APPROVAL = "awaiting_approval", "Awaiting approval"
+    QUEUED = "queued", "Queued"
+    RUNNING = "running", "Running"
+    PAUSED = "paused", "Paused"
+    HALTED = "halted", "Halted by the canary"
+    DONE = "done", "Done"
+    CANCELLED = "cancelled", "Cancelled"
+
+
+# The relay works on plans in these states; the others are waiting for a person or finished.
+RUNNABLE = (PlanStatus.QUEUED, PlanStatus.RUNNING)
+FINISHED = (PlanStatus.DONE, PlanStatus.CANCELLED)
+
+
+class ItemStatus(models.TextChoices):
+    PENDING = "pending", "Pending"
+    # Claimed for an attempt and (maybe) published, outcome not yet recorded. After a crash the
+    # relay republishes these with the SAME replay id (the attempt was persisted first).
+    SENDING = "sending", "Sending"
+    CONFIRMED = "confirmed", "Confirmed"
+    FAILED = "failed", "Failed"
+    CANCELLED = "cancelled", "Cancelled"
+    DISCARDED = "discarded", "Discarded"
+    SKIPPED = "skipped", "Skipped (entry changed state)"
+
+
+OPEN_ITEMS = (ItemStatus.PENDING, ItemStatus.SENDING)
+
+
+class ReplayPlan(models.Model):
+    """One frozen bulk action (replay or discard) over an exact set of entries of one channel."""
+
+    kind = models.CharField(max_length=8, choices=PlanKind.choices, default=PlanKind.REPLAY)
+    status = models.CharField(max_length=20, choices=PlanStatus.choices)
+    channel = models.ForeignKey(
+        "channels_registry.Channel", on_delete=models.PROTECT, related_name="replay_plans"
+    )
+    # The target, frozen from the channel declaration at confirmation (never from headers).
+    target_name = models.CharField(max_length=255, blank=True)
+    target_group = models.CharField(max_length=255, blank=True)
+    selection = models.JSONField(default=dict, blank=True)  # how the user chose the entries
+    total = models.PositiveIntegerField(default=0)
+    velocity = models.FloatField(null=True, blank=True, help_text="messages per second")
+    canary_size = models.PositiveIntegerField(default=0)
+    canary_wait_s = models.FloatField(default=30.0)
+    canary_passed_at = models.DateTimeField(null=True, blank=True)
+    max_attempts = models.PositiveSmallIntegerField(default=5)
+    warnings = models.JSONField(default=list, blank=True)
+    override = models.BooleanField(default=False)
+    override_reason = models.TextField(blank=True)
+    requested_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True,
+        related_name="+",
+    )  # fmt: skip
+    requested_by_username = models.CharField(max_length=150, blank=True)
+    reason = models.TextField()
+    request_key = models.CharField(max_length=64, unique=True, null=True, blank=True)
+    needs_approval = models.BooleanField(default=False)
+    approved_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True,
+        related_name="+",
+    )  # fmt: skip
+    approved_by_username = models.CharField(max_length=150, blank=True)
+    approved_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    status_note = models.TextField(blank=True)  # why it halted / was cancelled
+    # Progress counters, moved in the same transaction as the items they count.
+    sent = models.PositiveIntegerField(default=0)  # publish attempts made
+    confirmed = models.PositiveIntegerField(default=0)
+    failed = models.PositiveIntegerField(default=0)
+    cancelled = models.PositiveIntegerField(default=0)
+    discarded = models.PositiveIntegerField(default=0)
+    skipped = models.PositiveIntegerField(default=0)
+    # A lease, so exactly one relay works on a plan; an expired lease can be taken over.
+    lease_owner = models.CharField(max_length=64, blank=True)
+    lease_until = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-id"]
+        indexes = [models.Index(fields=["status", "id"], name="dlq_plan_status_id")]
+
+    def __str__(self) -> str:
+        return f"{self.get_kind_display().lower()} plan #{self.pk}"
+
+    def get_absolute_url(self) -> str:
+        return reverse("dlq:plan_detail", args=[self.pk])
+
+    @property
+    def target_display(self) -> str:
+        return f"{self.target_name}/{self.target_group}" if self.target_group else self.target_name
+
+    @property
+    def resolved(self) -> int:
+        return self.confirmed + self.failed + self.cancelled + self.discarded + self.skipped
+
+    @property
+    def pending(self) -> int:
+        return max(self.total - self.resolved, 0)
+
+    @property
+    def percent(self) -> int:
+        return int(100 * self.resolved / self.total) if self.total else 100
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status in FINISHED
+
+
+class ReplayItem(models.Model):
+    """One entry of a plan: its attempts and outcome. ``replay_id`` is
+    ``"<plan>:<item>:<attempt>"``, persisted before the attempt is published."""
+
+    plan = models.ForeignKey(ReplayPlan, on_delete=models.CASCADE, related_name="items")
+    entry = models.ForeignKey("dlq.DeadLetter", on_delete=models.CASCADE, related_name="items")
+    position = models.PositiveIntegerField()  # replay order within the plan
+    status = models.CharField(max_length=10, choices=ItemStatus.choices, default="pending")
+    attempts = models.PositiveSmallIntegerField(default=0)
+    replay_id = models.CharField(max_length=64, blank=True)
+    last_error = models.TextField(blank=True)
+    next_attempt_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["plan", "position"]
+        constraints = [
+            models.UniqueConstraint(fields=["plan", "entry"], name="dlq_item_unique_entry")
+        ]
+        indexes = [
+            models.Index(fields=["plan", "status", "position"], name="dlq_item_plan_status_pos")
+        ]
+
+    def __str__(self) -> str:
+        return f"item {self.pk} of plan {self.plan_id}"
+
+
+def parse_replay_id(value: object) -> tuple[int, int, int] | None:
+    """``(plan_id, item_id, attempt)`` from an ``x-dlq-replay-id`` header value, else None."""
+    if not isinstance(value, str) or len(value) > 64:
+        return None
+    parts = value.split(":")
+    if len(parts) != 3 or not all(p.isdigit() and 0 < len(p) < 19 for p in parts):
+        return None
+    plan_id, item_id, attempt = (int(p) for p in parts)
+    return plan_id, item_id, attempt

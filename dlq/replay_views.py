@@ -1,0 +1,205 @@
+"""Replay and discard pages: the preview with its confirm form, the plan list, the plan page
+(progress polled by htmx every 2 s) and the plan controls (approve, pause, resume, cancel).
+
+Every view checks its permission itself (``dlq.access``); refusals are audited."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from django.conf import settings
+from django.contrib import messages
+from django.http import Http404, HttpResponse
+from django.shortcuts import redirect, render
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
+
+from audit.actions import Actor
+from audit.models import AuditEvent
+from dashboard.http import HtmxHttpRequest
+from dlq import replay
+from dlq.access import entries_for_user, get_plan_for_user, plans_for_user, require_action
+from dlq.actions import (
+    PlanRefused,
+    do_approve_plan,
+    do_cancel_plan,
+    do_create_plan,
+    do_pause_plan,
+    do_resume_plan,
+)
+from dlq.models import ItemStatus, PlanKind, PlanStatus, ReplayItem
+
+PLANS_SHOWN = 100
+# Not "reason": that is a filter parameter of the selection (the failure reason).
+REASON_FIELD = "action_reason"
+ITEMS_SHOWN = 50
+
+
+def _number(raw: str, default: float, low: float, high: float) -> float:
+    try:
+        value = float(raw)
+    except (TypeError, ValueError):
+        return default
+    return min(max(value, low), high) if value == value else default
+
+
+def _plan_options(data: Any) -> dict[str, Any]:
+    canary = int(_number(data.get("canary_size", ""), 0, 0, 10_000))
+    return {
+        "velocity": _number(data.get("velocity", ""), replay.DEFAULT_VELOCITY, 0.1,
+                            replay.MAX_VELOCITY),
+        "canary_size": canary,
+        "canary_wait_s": _number(data.get("canary_wait_s", ""), 30.0, 1.0, 3600.0),
+        "override": data.get("override") == "on",
+        "override_reason": str(data.get("override_reason", ""))[:2000],
+    }  # fmt: skip
+
+
+@require_http_methods(["GET", "POST"])
+def bulk_action(request: HtmxHttpRequest, kind: str) -> HttpResponse:
+    """GET: the preview of replaying/discarding a selection. POST: confirm it (a plan)."""
+    if kind not in PlanKind.values:
+        raise Http404
+    data = request.POST if request.method == "POST" else request.GET
+    selection = replay.Selection.from_params(data)
+    require_action(request, kind, f"{kind} {selection.as_json()}")
+    entries = entries_for_user(request)
+    if request.method == "POST":
+        try:
+            plan, created = do_create_plan(
+                kind,
+                selection,
+                entries,
+                actor=Actor.from_request(request),
+                reason=str(data.get(REASON_FIELD, ""))[:2000],
+                request_key=str(data.get("request_key", ""))[:64] or None,
+                **(_plan_options(data) if kind == PlanKind.REPLAY else {}),
+            )
+        except PlanRefused as exc:
+            messages.error(request, str(exc))
+        else:
+            if not created:
+                messages.info(request, "This form was already submitted: here is its plan.")
+            elif plan.status == PlanStatus.AWAITING_APPROVAL:
+                messages.warning(request, "The plan needs a second person's approval to run.")
+            return redirect(plan)
+    result = replay.preview(kind, selection, entries)
+    context = {
+        "kind": kind,
+        "p": result,
+        "selection_params": selection.params(),
+        "needs_approval": result.needs_approval(False),
+        "threshold": settings.DLO_FOUR_EYES_THRESHOLD,
+        "request_key": uuid.uuid4().hex,
+        "form": _plan_options(data) | {"reason": data.get(REASON_FIELD, "")},
+        "velocity_default": replay.DEFAULT_VELOCITY,
+    }
+    status = 400 if request.method == "POST" else 200
+    return render(request, "dlq/replay_preview.html", context, status=status)
+
+
+@require_GET
+def plan_list(request: HtmxHttpRequest) -> HttpResponse:
+    plans = plans_for_user(request)
+    status = request.GET.get("status", "")
+    if status in PlanStatus.values:
+        plans = plans.filter(status=status)
+    shown = list(plans.order_by("-id")[: PLANS_SHOWN + 1])
+    context = {
+        "plans": shown[:PLANS_SHOWN],
+        "more": len(shown) > PLANS_SHOWN,
+        "status": status,
+        "statuses": PlanStatus.choices,
+    }
+    return render(request, "dlq/replay_list.html", context)
+
+
+def _plan_context(request: HtmxHttpRequest, plan: Any) -> dict[str, Any]:
+    user = request.user
+    perm = "dlq.replay_deadletter" if plan.kind == PlanKind.REPLAY else "dlq.discard_deadletter"
+    can_act = user.has_perm(perm)
+    return {
+        "plan": plan,
+        "can_pause": can_act and plan.status in (PlanStatus.QUEUED, PlanStatus.RUNNING),
+        "can_resume": can_act and plan.status in (PlanStatus.PAUSED, PlanStatus.HALTED),
+        "can_cancel": can_act and not plan.is_finished,
+        "can_approve": plan.status == PlanStatus.AWAITING_APPROVAL
+        and user.has_perm("dlq.approve_bulk_action")
+        and user.pk != plan.requested_by_id,
+        "own_plan": user.pk == plan.requested_by_id,
+        "live": not plan.is_finished and plan.status != PlanStatus.AWAITING_APPROVAL,
+    }
+
+
+@require_GET
+def plan_detail(request: HtmxHttpRequest, pk: int) -> HttpResponse:
+    plan = get_plan_for_user(request, pk)
+    context = _plan_context(request, plan)
+    if request.htmx and not request.htmx.boosted:
+        return render(request, "dlq/replay_plan.html#progress", context)
+    problems = (
+        ReplayItem.objects.filter(plan=plan)
+        .exclude(last_error="")
+        .select_related("entry")
+        .order_by("position")[:ITEMS_SHOWN]
+    )
+    context.update(
+        items=ReplayItem.objects.filter(plan=plan).order_by("position")[:ITEMS_SHOWN],
+        problems=problems,
+        history=AuditEvent.objects.filter(
+            target_type="dlq.replayplan", target_id=str(plan.pk)
+        ).order_by("-seq")[:50],
+        item_statuses=ItemStatus,
+    )
+    return render(request, "dlq/replay_plan.html", context)
+
+
+PLAN_ACTIONS = {
+    "approve": do_approve_plan,
+    "pause": do_pause_plan,
+    "resume": do_resume_plan,
+    "cancel": do_cancel_plan,
+}
+
+
+@require_POST
+def plan_action(request: HtmxHttpRequest, pk: int, action: str) -> HttpResponse:
+    if action not in PLAN_ACTIONS:
+        raise Http404
+    plan = get_plan_for_user(request, pk)
+    require_action(request, "approve" if action == "approve" else plan.kind, str(plan))
+    reason = request.POST.get("reason", "").strip()[:1000]
+    if action in ("approve", "cancel") and not reason:
+        messages.error(request, f"Give a reason to {action} the plan.")
+        return redirect(plan)
+    try:
+        PLAN_ACTIONS[action](plan.pk, actor=Actor.from_request(request), reason=reason)
+    except PlanRefused as exc:
+        messages.error(request, str(exc))
+    else:
+        messages.success(request, f"Plan #{plan.pk}: {action} recorded.")
+    return redirect(plan)
+
+
+LINEAGE_DEPTH = 20
+
+
+def lineage_context(request: HtmxHttpRequest, entry: Any) -> dict[str, Any]:
+    """For the entry page: its ancestors (bounded walk), its children (replays that came
+    back), the plans it was in, and whether this user may replay or discard it."""
+    ancestors: list[Any] = []
+    current = entry
+    while current.parent_id and len(ancestors) < LINEAGE_DEPTH:
+        current = type(entry).objects.filter(pk=current.parent_id).first()
+        if current is None:
+            break
+        ancestors.append(current)
+    return {
+        "ancestors": ancestors,
+        "children": list(entry.children.order_by("id")[:50]),
+        "plan_items": list(
+            ReplayItem.objects.filter(entry=entry).select_related("plan").order_by("-id")[:20]
+        ),
+        "can_replay": request.user.has_perm("dlq.replay_deadletter"),
+        "can_discard": request.user.has_perm("dlq.discard_deadletter"),
+    }

@@ -1,0 +1,82 @@
+"""A recording publisher for relay tests without a broker, and plan helpers."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import pytest
+
+from audit.actions import Actor
+from brokers.base import Address, BrokerAdapter, DrainSession, OutgoingMessage, Publisher
+from brokers.base import PublishOutcome as Outcome
+from dlq import ingest, replay
+from dlq.actions import do_create_plan
+from dlq.filters import EntryFilter
+from dlq.models import DeadLetter, ReplayPlan
+
+Policy = Callable[[OutgoingMessage, int], Outcome]
+
+
+class RecordingPublisher(Publisher):
+    def __init__(self, adapter: RecordingAdapter, target: Address) -> None:
+        self.adapter, self.target = adapter, target
+
+    def publish(self, messages: Sequence[OutgoingMessage]) -> list[Outcome]:
+        outcomes = []
+        for message in messages:
+            self.adapter.sent.append((self.target, message))
+            n = sum(1 for _, m in self.adapter.sent if m.key == message.key)
+            outcomes.append(self.adapter.policy(message, n))
+        for hook in self.adapter.after_publish:
+            hook(messages)
+        return outcomes
+
+    def close(self) -> None:
+        return None
+
+
+class RecordingAdapter(BrokerAdapter):
+    kind = "fake"
+
+    def __init__(self) -> None:
+        super().__init__("fake://")
+        self.sent: list[tuple[Address, OutgoingMessage]] = []
+        self.policy: Policy = lambda m, n: Outcome(m.key, True)
+        self.after_publish: list[Callable[[Sequence[OutgoingMessage]], None]] = []
+
+    def ping(self) -> None:
+        return None
+
+    def poll(self, addresses: Sequence[Address]) -> Any:
+        raise NotImplementedError
+
+    def inspect(self, addresses: Sequence[Address]) -> Any:
+        raise NotImplementedError
+
+    def open_drain(self, address: Address) -> DrainSession:
+        raise NotImplementedError
+
+    def open_publisher(self, target: Address) -> Publisher:
+        return RecordingPublisher(self, target)
+
+
+@pytest.fixture
+def publisher(monkeypatch: pytest.MonkeyPatch) -> Iterator[RecordingAdapter]:
+    adapter = RecordingAdapter()
+    monkeypatch.setattr(ingest, "adapter_for", lambda channel: adapter)
+    monkeypatch.setattr(replay, "backoff", lambda attempt: 0.0)
+    yield adapter
+
+
+def plan_for(
+    entries: list[DeadLetter], user: Any, kind: str = "replay", **options: Any
+) -> ReplayPlan:
+    selection = replay.Selection(EntryFilter(), [e.pk for e in entries])
+    options.setdefault("reason", "fixed the consumer")
+    options.setdefault("velocity", None)
+    plan, created = do_create_plan(
+        kind, selection, DeadLetter.objects.all(), actor=Actor.for_user(user), **options
+    )
+    assert created
+    return plan

@@ -1,0 +1,108 @@
+"""Discard: a state change with a reason, audited per entry; the payload stays."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import User
+from django.test import override_settings
+
+from audit.models import AuditEvent
+from dlq import replay
+from dlq.models import DeadLetter, ItemStatus, PlanStatus, ReplayPlan, Status
+from tests.conftest import client_for, make_channel, make_user
+from tests.dlq.conftest import letter, store
+from tests.dlq.replay_helpers import plan_for
+
+pytestmark = pytest.mark.django_db
+
+
+def _entries(n: int) -> list[DeadLetter]:
+    return store(make_channel(), *[letter() for _ in range(n)])
+
+
+def _discard(client: Any, ids: str, **data: Any) -> Any:
+    return client.post(
+        "/dead-letters/discard/",
+        {"id": ids, "action_reason": "known bad", "request_key": "d1", **data},
+    )
+
+
+def test_discarding_one_entry_is_a_state_change_audited_with_its_reason(oncall: User) -> None:
+    [entry, other] = _entries(2)
+    response = _discard(client_for(oncall), str(entry.pk))
+    assert response.status_code == 302
+    entry.refresh_from_db()
+    assert entry.status == Status.DISCARDED and entry.body is not None  # payload kept
+    assert DeadLetter.objects.get(pk=other.pk).status == Status.NEW
+    [event] = AuditEvent.objects.filter(action="dlq.discard")
+    assert event.target_id == str(entry.pk) and event.reason == "known bad"
+    assert event.actor_username == "otto" and event.after["status"] == ["new", "discarded"]
+    assert ReplayPlan.objects.get().status == PlanStatus.DONE
+
+
+def test_discarding_a_filter_audits_every_entry(oncall: User) -> None:
+    entries = _entries(4)
+    client = client_for(oncall)
+    page = client.get("/dead-letters/discard/?channel=orders")
+    assert (
+        page.status_code == 200
+        and '<strong class="replay-count">4</strong>' in page.content.decode()
+    )
+    client.post("/dead-letters/discard/", {"channel": "orders", "action_reason": "cleanup",
+                                           "request_key": "d2"})  # fmt: skip
+    assert set(DeadLetter.objects.values_list("status", flat=True)) == {Status.DISCARDED}
+    audited = AuditEvent.objects.filter(action="dlq.discard")
+    assert sorted(int(e.target_id) for e in audited) == [e.pk for e in entries]
+
+
+def test_discard_needs_a_reason(oncall: User) -> None:
+    [entry] = _entries(1)
+    assert _discard(client_for(oncall), str(entry.pk), action_reason="").status_code == 400
+    assert DeadLetter.objects.get().status == Status.NEW
+    assert not AuditEvent.objects.filter(action="dlq.discard").exists()
+
+
+@override_settings(DLO_FOUR_EYES_THRESHOLD=2)
+def test_bulk_discard_above_the_threshold_waits_for_a_second_person(oncall: User) -> None:
+    entries = _entries(3)
+    _discard(client_for(oncall), ",".join(str(e.pk) for e in entries))
+    plan = ReplayPlan.objects.get()
+    assert plan.status == PlanStatus.AWAITING_APPROVAL
+    assert set(DeadLetter.objects.values_list("status", flat=True)) == {Status.NEW}
+    url = f"/dead-letters/replays/{plan.pk}/approve/"
+    client_for(oncall).post(url, {"reason": "self"})
+    assert ReplayPlan.objects.get().status == PlanStatus.AWAITING_APPROVAL
+    client_for(make_user("olivia", "oncall")).post(url, {"reason": "agreed"})
+    plan.refresh_from_db()
+    assert plan.status == PlanStatus.DONE and plan.discarded == 3
+    assert set(DeadLetter.objects.values_list("status", flat=True)) == {Status.DISCARDED}
+    events = AuditEvent.objects.filter(action="dlq.discard")
+    assert events.count() == 3 and {e.after["approved_by"] for e in events} == {"olivia"}
+
+
+def test_entries_being_replayed_are_skipped_not_discarded(oncall: User) -> None:
+    entries = _entries(2)
+    plan_for(entries[:1], oncall)  # entry 0 is now REPLAYING
+    preview = replay.preview("discard", replay.Selection.from_params({"channel": "orders"}),
+                             DeadLetter.objects.all())  # fmt: skip
+    assert preview.eligible == 1 and preview.excluded == {"being replayed": 1}
+
+
+def test_a_large_approved_discard_runs_in_the_relay_in_batches(oncall: User) -> None:
+    entries = _entries(3)
+    with override_settings(DLO_FOUR_EYES_THRESHOLD=1):
+        plan = plan_for(entries, oncall, kind="discard")
+    from audit.actions import Actor
+    from dlq import actions
+
+    original = actions.DISCARD_INLINE
+    actions.DISCARD_INLINE = 1
+    try:
+        actions.do_approve_plan(plan.pk, actor=Actor.for_user(make_user("olivia", "oncall")))
+    finally:
+        actions.DISCARD_INLINE = original
+    assert ReplayPlan.objects.get().status == PlanStatus.QUEUED
+    assert replay.run_plan(plan.pk).status == PlanStatus.DONE
+    assert set(plan.items.values_list("status", flat=True)) == {ItemStatus.DISCARDED}

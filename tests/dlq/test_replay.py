@@ -1,0 +1,457 @@
+"""Replay: permissions, preview warnings, the frozen plan, four eyes, and the relay against a
+recording publisher (the real brokers are in test_replay_brokers.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import User
+from django.test import override_settings
+
+from audit.actions import Actor
+from audit.chain import GENESIS
+from audit.models import AuditEvent
+from brokers.base import PublishOutcome as Outcome
+from channels_registry.models import ChannelHealth
+from dlq import replay
+from dlq.actions import PlanRefused, do_approve_plan, do_cancel_plan, do_pause_plan, do_resume_plan
+from dlq.models import DeadLetter, ItemStatus, PlanStatus, ReplayItem, ReplayPlan, Status
+from tests.conftest import client_for, make_channel, make_user
+from tests.dlq import replay_helpers
+from tests.dlq.conftest import letter, store
+from tests.dlq.replay_helpers import RecordingAdapter, plan_for
+
+pytestmark = pytest.mark.django_db
+publisher = replay_helpers.publisher  # the fixture
+
+
+@pytest.fixture
+def second_oncall(db: Any) -> User:
+    return make_user("olivia", "oncall")
+
+
+def _entries(n: int = 3, **channel: Any) -> list[DeadLetter]:
+    ch = make_channel(**channel)
+    return store(ch, *[letter(headers={"Idempotency-Key": f"k-{i}", "order_id": i})
+                       for i in range(n)])  # fmt: skip
+
+
+def _post(client: Any, entries: list[DeadLetter], **data: Any) -> Any:
+    fields = {"id": ",".join(str(e.pk) for e in entries), "action_reason": "consumer fixed",
+              "request_key": "k1", "velocity": "50"}  # fmt: skip
+    fields.update(data)
+    return client.post("/dead-letters/replay/", fields)
+
+
+# -- permissions ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("role", ["viewer", "compliance"])
+def test_replay_and_discard_need_the_oncall_role(role: str) -> None:
+    user = make_user("someone", role)
+    entries = _entries(1)
+    client = client_for(user)
+    for kind in ("replay", "discard"):
+        assert client.get(f"/dead-letters/{kind}/?id={entries[0].pk}").status_code == 403
+        response = client.post(f"/dead-letters/{kind}/", {"id": entries[0].pk, "reason": "x"})
+        assert response.status_code == 403  # a forged POST changes nothing
+    assert not ReplayPlan.objects.exists()
+    assert DeadLetter.objects.get().status == Status.NEW
+    denied = AuditEvent.objects.filter(outcome="denied", actor_username="someone")
+    assert {e.action for e in denied} == {"dlq.replay", "dlq.discard"}
+    assert denied.count() == 4
+
+
+def test_entry_list_offers_checkboxes_only_to_oncall(oncall: User, viewer: User) -> None:
+    entries = _entries(2)
+    html = client_for(oncall).get("/dead-letters/list/?channel=orders").content.decode()
+    assert f'name="id" value="{entries[0].pk}"' in html and "Replay all matching" in html
+    html = client_for(viewer).get("/dead-letters/list/?channel=orders").content.decode()
+    assert 'name="id"' not in html and "Replay selected" not in html
+
+
+# -- preview -------------------------------------------------------------------------------
+
+
+def _codes(response: Any) -> set[str]:
+    import re
+
+    return set(re.findall(r'data-code="([a-z_]+)"', response.content.decode()))
+
+
+def test_preview_shows_exact_count_target_and_each_warning(oncall: User) -> None:
+    channel = make_channel(schema_version="3")
+    ChannelHealth.objects.create(channel=channel, consumers=0)
+    [plain, no_key, old, replayed, no_order] = store(
+        channel,
+        letter(headers={"Idempotency-Key": "a", "order_id": 1, "schema-version": "3"}),
+        letter(headers={"order_id": 2}),
+        letter(headers={"Idempotency-Key": "c", "order_id": 3, "schema-version": "2"}),
+        letter(headers={"Idempotency-Key": "d", "order_id": 4}),
+        letter(b'{"no": "order key"}', headers={"Idempotency-Key": "e"}),
+    )
+    DeadLetter.objects.filter(pk=replayed.pk).update(status=Status.REPLAYED)
+    response = client_for(oncall).get("/dead-letters/replay/?channel=orders")
+    html = response.content.decode()
+    assert response.status_code == 200
+    assert '<strong class="replay-count">5</strong>' in html
+    assert "<code>orders</code>" in html  # the channel's own queue
+    assert _codes(response) >= {
+        "missing_idempotency_key",
+        "replayed_before",
+        "ordered",
+        "ordering_key_unknown",
+        "schema_older",
+        "no_consumers",
+    }
+    preview = replay.preview("replay", replay.Selection.from_params({"channel": "orders"}),
+                             DeadLetter.objects.all())  # fmt: skip
+    counts = {w.code: w.count for w in preview.warnings}
+    assert counts["missing_idempotency_key"] == 1
+    assert counts["replayed_before"] == 1
+    assert counts["schema_older"] == 1
+    assert counts["ordering_key_unknown"] == 1
+    assert preview.matched == preview.eligible == 5
+
+
+def test_preview_count_is_the_list_filters_count(oncall: User) -> None:
+    channel = make_channel()
+    store(channel, *[letter(reason="expired") for _ in range(3)], letter(reason="rejected"))
+    params = {"channel": "orders", "reason": "expired"}
+    preview = replay.preview("replay", replay.Selection.from_params(params),
+                             DeadLetter.objects.all())  # fmt: skip
+    from dlq.filters import EntryFilter
+
+    assert preview.matched == EntryFilter.from_params(params).apply(DeadLetter.objects).count()
+    assert preview.matched == 3
+
+
+def test_global_order_and_unstated_semantic_warn(oncall: User) -> None:
+    entries = _entries(1, ordering="global", single_active_consumer=True)
+    response = client_for(oncall).get(f"/dead-letters/replay/?id={entries[0].pk}")
+    assert "ordered_global" in _codes(response)
+
+
+def test_selection_across_channels_is_refused(oncall: User) -> None:
+    a = _entries(1)
+    b = store(make_channel(slug="billing", address="billing", dlq_address="billing.dlq"),
+              letter())  # fmt: skip
+    response = client_for(oncall).get(f"/dead-letters/replay/?id={a[0].pk},{b[0].pk}")
+    assert "several channels" in response.content.decode()
+    assert _post(client_for(oncall), a + b).status_code == 400
+    assert not ReplayPlan.objects.exists()
+
+
+def test_at_most_once_is_blocked_without_an_override(oncall: User) -> None:
+    entries = _entries(2, semantic="at-most-once")
+    client = client_for(oncall)
+    response = client.get(f"/dead-letters/replay/?id={entries[0].pk}")
+    assert "at_most_once" in _codes(response) and 'name="override"' in response.content.decode()
+    assert _post(client, entries).status_code == 400
+    assert _post(client, entries, override="on", request_key="k2").status_code == 400
+    assert not ReplayPlan.objects.exists()
+    response = _post(client, entries, override="on", override_reason="consumer dedups now",
+                     request_key="k3")  # fmt: skip
+    plan = ReplayPlan.objects.get()
+    assert response.status_code == 302 and response["Location"] == plan.get_absolute_url()
+    assert plan.override and plan.status == PlanStatus.AWAITING_APPROVAL  # override: four eyes
+
+
+# -- the frozen plan -----------------------------------------------------------------------
+
+
+def test_confirming_freezes_a_plan_audited_in_one_go(oncall: User) -> None:
+    entries = _entries(3)
+    response = _post(client_for(oncall), entries)
+    plan = ReplayPlan.objects.get()
+    assert response.status_code == 302
+    assert plan.status == PlanStatus.QUEUED and plan.total == 3 and plan.velocity == 50
+    assert plan.target_name == "orders" and plan.requested_by_username == "otto"
+    assert {w["code"] for w in plan.warnings} >= {"ordered"}
+    items = list(plan.items.order_by("position"))
+    assert [i.entry_id for i in items] == [e.pk for e in entries]  # original order
+    assert {i.status for i in items} == {ItemStatus.PENDING}  # nothing sent in the request
+    assert set(DeadLetter.objects.values_list("status", flat=True)) == {Status.REPLAYING}
+    [event] = AuditEvent.objects.filter(action="dlq.replay.plan")
+    assert event.reason == "consumer fixed" and event.after["entries"] == 3
+    assert event.after["ids_sha256"] == replay.ids_digest(e.pk for e in entries)
+    requests = AuditEvent.objects.filter(action="dlq.replay.request")
+    assert sorted(int(e.target_id) for e in requests) == [e.pk for e in entries]
+    _assert_chain_intact()
+
+
+def test_a_double_submitted_form_creates_one_plan(oncall: User) -> None:
+    entries = _entries(2)
+    client = client_for(oncall)
+    first, second = _post(client, entries), _post(client, entries)
+    assert first.status_code == second.status_code == 302
+    assert first["Location"] == second["Location"]
+    assert ReplayPlan.objects.count() == 1
+    assert AuditEvent.objects.filter(action="dlq.replay.plan").count() == 1
+
+
+def test_a_reason_is_required(oncall: User) -> None:
+    entries = _entries(1)
+    assert _post(client_for(oncall), entries, action_reason="  ").status_code == 400
+    assert not ReplayPlan.objects.exists()
+
+
+def test_entries_in_a_running_plan_are_not_planned_twice(oncall: User) -> None:
+    entries = _entries(2)
+    plan_for(entries[:1], oncall)
+    preview = replay.preview("replay", replay.Selection.from_params({"channel": "orders"}),
+                             DeadLetter.objects.all())  # fmt: skip
+    assert preview.matched == 2 and preview.eligible == 1
+    assert preview.excluded == {"being replayed": 1}
+
+
+# -- four eyes -----------------------------------------------------------------------------
+
+
+@override_settings(DLO_FOUR_EYES_THRESHOLD=2)
+def test_bulk_replay_above_the_threshold_needs_a_second_person(
+    oncall: User, second_oncall: User, viewer: User
+) -> None:
+    entries = _entries(3)
+    _post(client_for(oncall), entries)
+    plan = ReplayPlan.objects.get()
+    assert plan.status == PlanStatus.AWAITING_APPROVAL and plan.needs_approval
+    page = client_for(oncall).get(plan.get_absolute_url()).content.decode()
+    assert "cannot approve it" in page
+    url = f"/dead-letters/replays/{plan.pk}/approve/"
+    client_for(oncall).post(url, {"reason": "me"})
+    assert ReplayPlan.objects.get().status == PlanStatus.AWAITING_APPROVAL
+    with pytest.raises(PlanRefused):
+        do_approve_plan(plan.pk, actor=Actor.for_user(oncall))
+    assert client_for(viewer).post(url, {"reason": "me"}).status_code == 403
+    response = client_for(second_oncall).post(url, {"reason": "checked the fix"})
+    assert response.status_code == 302
+    plan.refresh_from_db()
+    assert plan.status == PlanStatus.QUEUED and plan.approved_by_username == "olivia"
+    event = AuditEvent.objects.get(action="dlq.replay.approve")
+    assert event.actor_username == "olivia" and event.reason == "checked the fix"
+
+
+# -- the relay -----------------------------------------------------------------------------
+
+
+def test_relay_publishes_to_the_declared_target_with_a_replay_id(
+    oncall: User, publisher: RecordingAdapter
+) -> None:
+    channel = make_channel()
+    entries = store(
+        channel,
+        *[
+            letter(
+                headers={
+                    "Idempotency-Key": f"k-{i}",
+                    "x-death": [{"queue": "orders", "count": 1}],
+                    "x-first-death-queue": "evil.target",
+                    "x-first-death-exchange": "evil-exchange",
+                    "x-last-death-reason": "rejected",
+                    "x-bin": {"$bytes": "00ff"},
+                }
+            )
+            for i in range(3)
+        ],
+    )
+    plan = plan_for(entries, oncall)
+    result = replay.run_plan(plan.pk)
+    assert result.confirmed == 3 and result.status == PlanStatus.DONE
+    assert {target.name for target, _ in publisher.sent} == {"orders"}
+    for (_, message), entry in zip(publisher.sent, entries, strict=True):
+        item = ReplayItem.objects.get(plan=plan, entry=entry)
+        assert message.headers["x-dlq-replay-id"] == f"{plan.pk}:{item.pk}:1" == item.replay_id
+        assert message.headers["Idempotency-Key"] == entry.headers["Idempotency-Key"]
+        assert message.headers["x-bin"] == b"\x00\xff"
+        assert not [h for h in message.headers if h.startswith(("x-death", "x-first", "x-last"))]
+        assert message.body == bytes(entry.body)
+    assert set(DeadLetter.objects.values_list("status", flat=True)) == {Status.REPLAYED}
+    plan.refresh_from_db()
+    assert (plan.confirmed, plan.failed, plan.sent, plan.pending) == (3, 0, 3, 0)
+    _assert_one_request_and_one_outcome_each(entries)
+    assert AuditEvent.objects.filter(action="dlq.replay.finished").count() == 1
+
+
+def test_unroutable_is_retried_then_failed_with_the_reason(
+    oncall: User, publisher: RecordingAdapter
+) -> None:
+    entries = _entries(2)
+    plan = plan_for(entries, oncall)
+    first_item = plan.items.order_by("position").first()
+    assert first_item is not None
+    publisher.policy = lambda m, n: (
+        Outcome(m.key, False, "unroutable: 312 NO_ROUTE")
+        if m.key == str(first_item.pk)
+        else Outcome(m.key, True)
+    )
+    ReplayPlan.objects.filter(pk=plan.pk).update(max_attempts=3)
+    result = replay.run_plan(plan.pk)
+    assert result.status == PlanStatus.DONE
+    first_item.refresh_from_db()
+    assert first_item.status == ItemStatus.FAILED and first_item.attempts == 3
+    assert "NO_ROUTE" in first_item.last_error
+    ids = [m.headers["x-dlq-replay-id"] for _, m in publisher.sent if m.key == str(first_item.pk)]
+    # A definite refusal: nothing was enqueued, so every attempt has its own id.
+    assert ids == [f"{plan.pk}:{first_item.pk}:{n}" for n in (1, 2, 3)]
+    assert DeadLetter.objects.get(pk=first_item.entry_id).status == Status.FAILED
+    assert DeadLetter.objects.get(pk=entries[1].pk).status == Status.REPLAYED
+    failed = AuditEvent.objects.get(action="dlq.replay.failed")
+    assert failed.outcome == "failed" and "NO_ROUTE" in failed.reason
+    _assert_one_request_and_one_outcome_each(entries)
+
+
+def test_a_lost_confirm_republishes_with_the_same_replay_id(
+    oncall: User, publisher: RecordingAdapter
+) -> None:
+    entries = _entries(1)
+    plan = plan_for(entries, oncall)
+    publisher.policy = lambda m, n: Outcome(m.key, n > 1, "" if n > 1 else "timeout")
+    replay.run_plan(plan.pk)
+    ids = [m.headers["x-dlq-replay-id"] for _, m in publisher.sent]
+    assert len(ids) == 2 and ids[0] == ids[1]
+    assert DeadLetter.objects.get().status == Status.REPLAYED
+
+
+def test_pause_stops_and_resume_continues(oncall: User, publisher: RecordingAdapter) -> None:
+    entries = _entries(3)
+    plan = plan_for(entries, oncall, velocity=1000.0)
+    ReplayPlan.objects.filter(pk=plan.pk).update(velocity=1.0)  # one item per batch
+    publisher.after_publish.append(
+        lambda msgs: (
+            do_pause_plan(plan.pk, actor=Actor.for_user(oncall), reason="look")
+            if not ReplayPlan.objects.filter(pk=plan.pk, status=PlanStatus.PAUSED).exists()
+            else None
+        )
+    )
+    result = replay.run_plan(plan.pk)
+    assert result.status == PlanStatus.PAUSED and len(publisher.sent) == 1
+    publisher.after_publish.clear()
+    do_resume_plan(plan.pk, actor=Actor.for_user(oncall))
+    ReplayPlan.objects.filter(pk=plan.pk).update(velocity=None)
+    assert replay.run_plan(plan.pk).status == PlanStatus.DONE
+    assert len(publisher.sent) == 3
+    actions = set(AuditEvent.objects.values_list("action", flat=True))
+    assert {"dlq.replay.pause", "dlq.replay.resume"} <= actions
+
+
+def test_cancel_returns_unsent_entries_to_new(oncall: User, publisher: RecordingAdapter) -> None:
+    entries = _entries(3)
+    plan = plan_for(entries, oncall)
+    client_for(oncall).post(f"/dead-letters/replays/{plan.pk}/cancel/", {"reason": "wrong fix"})
+    plan.refresh_from_db()
+    assert plan.status == PlanStatus.CANCELLED and plan.cancelled == 3
+    assert set(plan.items.values_list("status", flat=True)) == {ItemStatus.CANCELLED}
+    assert set(DeadLetter.objects.values_list("status", flat=True)) == {Status.NEW}
+    assert replay.run_plan(plan.pk).claimed is False
+    assert publisher.sent == []
+    _assert_one_request_and_one_outcome_each(entries, terminal=("dlq.replay.cancelled",))
+    with pytest.raises(PlanRefused):
+        do_cancel_plan(plan.pk, actor=Actor.for_user(oncall))
+
+
+def test_the_canary_halts_when_the_failure_comes_back(
+    oncall: User, publisher: RecordingAdapter
+) -> None:
+    channel = make_channel(dlq_address="")  # nothing to drain: the DB check alone
+    entries = store(channel, *[letter(headers={"Idempotency-Key": f"k{i}"}) for i in range(5)])
+
+    def dead_letter_again(messages: Any) -> None:
+        for m in messages:
+            store(channel, letter(headers=dict(m.headers)))
+
+    publisher.after_publish.append(dead_letter_again)
+    plan = plan_for(entries, oncall, canary_size=2, canary_wait_s=0.01)
+    result = replay.run_plan(plan.pk)
+    plan.refresh_from_db()
+    assert result.status == PlanStatus.HALTED and len(publisher.sent) == 2
+    assert "canary" in plan.status_note
+    assert AuditEvent.objects.filter(action="dlq.replay.halted").count() == 1
+    # Lineage: the copies that came back point at the entries they were replayed from.
+    children = DeadLetter.objects.filter(parent__isnull=False).order_by("id")
+    assert [c.parent_id for c in children] == [e.pk for e in entries[:2]]
+    assert {c.generation for c in children} == {1}
+    page = client_for(oncall).get(f"/dead-letters/{children[0].pk}/").content.decode()
+    assert f"#{entries[0].pk}" in page and "Replay of" in page
+    page = client_for(oncall).get(f"/dead-letters/{entries[0].pk}/").content.decode()
+    assert f"#{children[0].pk}" in page
+
+
+def test_the_canary_passes_then_ramps_up(oncall: User, publisher: RecordingAdapter) -> None:
+    entries = _entries(5, dlq_address="")
+    plan = plan_for(entries, oncall, canary_size=2, canary_wait_s=0.01)
+    assert replay.run_plan(plan.pk).status == PlanStatus.DONE
+    assert len(publisher.sent) == 5
+    assert AuditEvent.objects.filter(action="dlq.replay.canary_passed").count() == 1
+
+
+def test_a_forged_replay_id_links_nothing() -> None:
+    channel = make_channel()
+    [entry] = store(channel, letter(headers={"x-dlq-replay-id": "999:999:1"}))
+    assert entry.parent_id is None and entry.generation == 0
+
+
+def test_repeat_offenders_are_flagged(oncall: User) -> None:
+    [entry] = _entries(1)
+    DeadLetter.objects.filter(pk=entry.pk).update(generation=3)
+    client = client_for(oncall)
+    assert "repeat offender" in client.get(f"/dead-letters/{entry.pk}/").content.decode()
+    assert "repeat offender" in client.get("/dead-letters/list/").content.decode()
+    response = client.get(f"/dead-letters/replay/?id={entry.pk}")
+    assert "repeat_offender" in _codes(response)
+
+
+# -- pages ---------------------------------------------------------------------------------
+
+
+def test_plan_page_shows_progress_and_polls_while_live(
+    oncall: User, viewer: User, publisher: RecordingAdapter
+) -> None:
+    entries = _entries(2)
+    plan = plan_for(entries, oncall)
+    html = client_for(viewer).get(plan.get_absolute_url()).content.decode()
+    assert 'hx-trigger="every 2s"' in html and "fixed the consumer" in html
+    assert "Pause" not in html  # viewers see, cannot act
+    partial = client_for(oncall).get(plan.get_absolute_url(), headers={"HX-Request": "true"})
+    assert partial.content.decode().lstrip().startswith('<section class="card replay-progress"')
+    replay.run_plan(plan.pk)
+    html = client_for(oncall).get(plan.get_absolute_url()).content.decode()
+    assert "every 2s" not in html and "Done" in html
+    listing = client_for(viewer).get("/dead-letters/replays/").content.decode()
+    assert plan.get_absolute_url() in listing
+    assert client_for(make_user("olga")).get("/dead-letters/replays/").status_code == 403
+
+
+def test_the_periodic_relay_picks_up_orphaned_plans(
+    oncall: User, publisher: RecordingAdapter
+) -> None:
+    from dlq.tasks import resume_replay_plans_task
+
+    plan = plan_for(_entries(2), oncall)
+    assert replay.orphaned_plans() == [plan.pk]
+    assert resume_replay_plans_task() == 1
+    assert ReplayPlan.objects.get().status == PlanStatus.DONE
+    assert replay.orphaned_plans() == []
+
+
+# -- helpers -------------------------------------------------------------------------------
+
+
+def _assert_one_request_and_one_outcome_each(
+    entries: list[DeadLetter],
+    terminal: tuple[str, ...] = ("dlq.replay.replayed", "dlq.replay.failed"),
+) -> None:
+    for entry in entries:
+        events = AuditEvent.objects.filter(target_type="dlq.deadletter", target_id=str(entry.pk))
+        assert events.filter(action="dlq.replay.request").count() == 1
+        assert events.filter(action__in=terminal).count() == 1
+    _assert_chain_intact()
+
+
+def _assert_chain_intact() -> None:
+    from audit.actions import verify_chain
+
+    result = verify_chain()
+    assert result.ok, result.problem
+    assert GENESIS
