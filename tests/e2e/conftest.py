@@ -136,6 +136,11 @@ def browser() -> Iterator[Any]:
         try:
             yield instance
         finally:
+            # Under Playwright the ORM sees another context, hence other connections: close
+            # them, or PostgreSQL refuses to drop the test database at the end.
+            from django.db import connections
+
+            connections.close_all()
             instance.close()
 
 
