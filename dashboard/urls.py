@@ -20,6 +20,7 @@ urlpatterns = [
     path("dead-letters/", include("dlq.urls")),
     path("api/dead-letters/", include("dlq.api")),
     path("audit/", include("audit.urls")),
+    path("api/replay-plans/", include("dlq.plan_urls")),
     path("api/audit-events/", include("audit.api")),
     path("admin/", admin.site.urls),
 ]

@@ -9,11 +9,12 @@ body when the channel has no body rules, the redacted re-serialized JSON when it
 from __future__ import annotations
 
 import base64
+import json
 from typing import Any
 
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.urls import path, reverse
-from django.views.decorators.http import require_GET
+from django.views.decorators.http import require_GET, require_http_methods
 
 from dashboard.api import api_error, api_view
 from dlq import redaction, render
@@ -102,3 +103,153 @@ def dead_letter_list(request: HttpRequest) -> HttpResponse:
 
 
 urlpatterns = [path("", dead_letter_list, name="dead_letter_api")]
+
+
+# -- /api/replay-plans/ ----------------------------------------------------------------------
+
+
+def serialize_plan(plan: Any) -> dict[str, Any]:
+    return {
+        "id": plan.pk,
+        "url": plan.get_absolute_url(),
+        "kind": plan.kind,
+        "status": plan.status,
+        "channel": plan.channel.slug,
+        "target": plan.target_display or None,
+        "total": plan.total,
+        "velocity": plan.velocity,
+        "canary_size": plan.canary_size,
+        "sent": plan.sent,
+        "confirmed": plan.confirmed,
+        "failed": plan.failed,
+        "cancelled": plan.cancelled,
+        "discarded": plan.discarded,
+        "pending": plan.pending,
+        "warnings": plan.warnings,
+        "override": plan.override,
+        "needs_approval": plan.needs_approval,
+        "requested_by": plan.requested_by_username,
+        "approved_by": plan.approved_by_username or None,
+        "reason": plan.reason,
+        "selection": plan.selection,
+        "created_at": plan.created_at,
+        "started_at": plan.started_at,
+        "finished_at": plan.finished_at,
+        "status_note": plan.status_note,
+    }
+
+
+def _create_plan(request: HttpRequest) -> HttpResponse:
+    from django.core.exceptions import PermissionDenied
+
+    from audit.actions import Actor
+    from dlq import replay
+    from dlq.access import entries_for_user, require_action
+    from dlq.actions import PlanRefused, do_create_plan
+    from dlq.models import PlanKind
+
+    try:
+        data = json.loads(request.body or b"{}")
+    except ValueError:
+        return api_error(400, "the body must be a JSON object")
+    if not isinstance(data, dict):
+        return api_error(400, "the body must be a JSON object")
+    kind = data.get("kind", PlanKind.REPLAY)
+    if kind not in PlanKind.values:
+        return api_error(400, "kind must be replay or discard")
+    try:
+        require_action(request, kind, f"{kind} via API")
+    except PermissionDenied:
+        return api_error(403, f"you need the on-call role to {kind} dead letters")
+    params = {k: str(v) for k, v in (data.get("filter") or {}).items() if isinstance(k, str)}
+    for key in ("channel", "group"):
+        if data.get(key) is not None:
+            params[key] = str(data[key])
+    ids = data.get("ids") or []
+    if not isinstance(ids, list) or not all(isinstance(i, int) for i in ids):
+        return api_error(400, "ids must be a list of entry ids")
+    selection = replay.Selection(EntryFilter.from_params(params), sorted(set(ids)))
+    entries = entries_for_user(request)
+    if data.get("preview"):
+        return JsonResponse(replay.preview(kind, selection, entries).as_json())
+    options: dict[str, Any] = {}
+    if kind == PlanKind.REPLAY:
+        try:
+            options = {
+                "velocity": float(data.get("rate") or replay.DEFAULT_VELOCITY),
+                "canary_size": int(data.get("canary_size") or 0),
+                "canary_wait_s": float(data.get("canary_wait_s") or 30.0),
+                "override": bool(data.get("override_reason")),
+                "override_reason": str(data.get("override_reason") or ""),
+            }
+        except (TypeError, ValueError):
+            return api_error(400, "rate, canary_size and canary_wait_s must be numbers")
+        if not 0 < options["velocity"] <= replay.MAX_VELOCITY:
+            return api_error(400, f"rate must be in (0, {replay.MAX_VELOCITY:g}]")
+    try:
+        plan, created = do_create_plan(
+            kind,
+            selection,
+            entries,
+            actor=Actor.from_request(request),
+            reason=str(data.get("reason") or ""),
+            request_key=str(data.get("request_key") or "")[:64] or None,
+            **options,
+        )
+    except PlanRefused as exc:
+        return api_error(400, str(exc))
+    return JsonResponse(serialize_plan(plan), status=201 if created else 200)
+
+
+@api_view
+@require_http_methods(["GET", "POST"])
+def replay_plan_list(request: HttpRequest) -> HttpResponse:
+    """GET: plans, newest first (``?status=``, ``?after=<id>``). POST: freeze a plan (the same
+    rules as the page: reason, override, four eyes; ``"preview": true`` only previews)."""
+    from dlq.access import PLAN_VIEW_PERMISSION
+    from dlq.models import PlanStatus, ReplayPlan
+
+    if request.method == "POST":
+        return _create_plan(request)
+    if not request.user.has_perm(PLAN_VIEW_PERMISSION):
+        return api_error(403, "you need the viewer role to read replay plans")
+    plans = ReplayPlan.objects.select_related("channel").order_by("-id")
+    status = request.GET.get("status", "")
+    if status:
+        if status not in PlanStatus.values:
+            return api_error(400, "unknown status")
+        plans = plans.filter(status=status)
+    after = request.GET.get("after", "")
+    if after:
+        if not (after.isdigit() and len(after) < 19):
+            return api_error(400, "after must be a plan id")
+        plans = plans.filter(pk__lt=int(after))
+    rows = list(plans[: PAGE_SIZE + 1])
+    next_url = None
+    if len(rows) > PAGE_SIZE:
+        next_url = request.build_absolute_uri(
+            reverse("replay_plan_api") + f"?after={rows[PAGE_SIZE - 1].pk}"
+            + (f"&status={status}" if status else "")
+        )  # fmt: skip
+    return JsonResponse({"results": [serialize_plan(p) for p in rows[:PAGE_SIZE]],
+                         "next": next_url})  # fmt: skip
+
+
+@api_view
+@require_GET
+def replay_plan_detail(request: HttpRequest, pk: int) -> HttpResponse:
+    from dlq.access import PLAN_VIEW_PERMISSION
+    from dlq.models import ReplayPlan
+
+    if not request.user.has_perm(PLAN_VIEW_PERMISSION):
+        return api_error(403, "you need the viewer role to read replay plans")
+    plan = ReplayPlan.objects.select_related("channel").filter(pk=pk).first()
+    if plan is None:
+        return api_error(404, "no such plan")
+    return JsonResponse(serialize_plan(plan))
+
+
+plan_urlpatterns = [
+    path("", replay_plan_list, name="replay_plan_api"),
+    path("<int:pk>/", replay_plan_detail, name="replay_plan_api_detail"),
+]

@@ -1,0 +1,221 @@
+"""The relay against the real brokers on loopback: RabbitMQ, Redis Streams, NATS JetStream."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pika
+import pytest
+import redis
+from django.contrib.auth.models import User
+
+from audit.models import AuditEvent
+from channels_registry.models import BrokerKind
+from dlq import replay
+from dlq.models import DeadLetter, ItemStatus, PlanStatus, ReplayItem, Status
+from tests.conftest import broker_required, make_broker, make_channel
+from tests.dlq.conftest import letter, store
+from tests.dlq.replay_helpers import plan_for
+
+pytestmark = [pytest.mark.broker, pytest.mark.django_db, pytest.mark.timeout(120)]
+
+AMQP_URL = os.environ.get("DLO_TEST_RABBITMQ_URL", "amqp://guest:guest@127.0.0.1:5672/%2F")
+REDIS_URL = os.environ.get("DLO_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+NATS_URL = os.environ.get("DLO_TEST_NATS_URL", "nats://127.0.0.1:4222")
+
+
+@pytest.fixture
+def rabbit(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[pika.BlockingConnection, str]]:
+    try:
+        connection = pika.BlockingConnection(pika.URLParameters(AMQP_URL))
+    except pika.exceptions.AMQPError as exc:
+        broker_required("RabbitMQ", exc)
+    monkeypatch.setenv("DLO_TEST_REPLAY_AMQP", AMQP_URL)
+    queue = f"dlo-replay-{uuid.uuid4().hex[:8]}"
+    ch = connection.channel()
+    ch.queue_declare(queue, durable=True)
+    ch.queue_declare(f"{queue}.evil", durable=True)
+    monkeypatch.setattr(replay, "backoff", lambda attempt: 0.0)
+    yield connection, queue
+    ch = connection.channel()
+    ch.queue_delete(queue)
+    ch.queue_delete(f"{queue}.evil")
+    connection.close()
+
+
+def _rabbit_channel(queue: str) -> Any:
+    broker = make_broker(name="rabbit", url_env="DLO_TEST_REPLAY_AMQP")
+    return make_channel(broker, slug="orders", address=queue, dlq_address=f"{queue}.dlq")
+
+
+def _consume(connection: pika.BlockingConnection, queue: str) -> list[tuple[Any, bytes]]:
+    ch = connection.channel()
+    got = []
+    while True:
+        method, props, body = ch.basic_get(queue, auto_ack=True)
+        if method is None:
+            return got
+        got.append((props, body))
+
+
+def _forged(i: int, queue: str) -> Any:
+    return letter(
+        b'{"order": %d}' % i,
+        headers={
+            "Idempotency-Key": f"order-{i}",
+            "x-death": [{"queue": queue, "count": 1, "reason": "rejected"}],
+            "x-first-death-queue": f"{queue}.evil",
+            "x-first-death-exchange": "amq.fanout",
+            "x-last-death-queue": f"{queue}.evil",
+        },
+        first_death_queue=f"{queue}.evil",
+        first_death_exchange="amq.fanout",
+    )
+
+
+def test_rabbitmq_replay_lands_on_the_origin_queue_with_its_replay_id(
+    rabbit: tuple[pika.BlockingConnection, str], oncall: User
+) -> None:
+    connection, queue = rabbit
+    channel = _rabbit_channel(queue)
+    entries = store(channel, *[_forged(i, queue) for i in range(20)])
+    plan = plan_for(entries, oncall)
+    result = replay.run_plan(plan.pk)
+    assert result.status == PlanStatus.DONE and result.confirmed == 20
+    got = _consume(connection, queue)
+    assert len(got) == 20
+    assert _consume(connection, f"{queue}.evil") == []  # forged headers changed nothing
+    items = {i.replay_id: i for i in ReplayItem.objects.filter(plan=plan)}
+    for props, body in got:
+        headers = props.headers
+        item = items[headers["x-dlq-replay-id"]]
+        entry = DeadLetter.objects.get(pk=item.entry_id)
+        assert body == bytes(entry.body)
+        assert headers["Idempotency-Key"] == entry.headers["Idempotency-Key"]
+        assert not [h for h in headers if h.startswith(("x-death", "x-first-death", "x-last"))]
+        assert props.delivery_mode == 2
+    assert set(DeadLetter.objects.values_list("status", flat=True)) == {Status.REPLAYED}
+    assert AuditEvent.objects.filter(action="dlq.replay.replayed").count() == 20
+
+
+def test_rabbitmq_unroutable_target_never_reaches_replayed(
+    rabbit: tuple[pika.BlockingConnection, str], oncall: User
+) -> None:
+    connection, queue = rabbit
+    channel = _rabbit_channel(queue)
+    entries = store(channel, *[_forged(i, queue) for i in range(3)])
+    plan = plan_for(entries, oncall)
+    plan.max_attempts = 2
+    plan.save(update_fields=["max_attempts"])
+    connection.channel().queue_delete(queue)  # the binding is gone: mandatory → returned
+    result = replay.run_plan(plan.pk)
+    assert result.status == PlanStatus.DONE and result.confirmed == 0
+    items = list(ReplayItem.objects.filter(plan=plan))
+    assert {i.status for i in items} == {ItemStatus.FAILED}
+    assert all("unroutable" in i.last_error and i.attempts == 2 for i in items)
+    assert set(DeadLetter.objects.values_list("status", flat=True)) == {Status.FAILED}
+    assert _consume(connection, f"{queue}.evil") == []
+    assert AuditEvent.objects.filter(action="dlq.replay.failed").count() == 3
+
+
+def test_redis_replay_xadds_to_the_declared_stream(oncall: User, monkeypatch: Any) -> None:
+    client = redis.Redis.from_url(REDIS_URL)
+    try:
+        client.ping()
+    except redis.RedisError as exc:
+        broker_required("Redis", exc)
+    stream = f"dlo-replay-{uuid.uuid4().hex[:8]}"
+    monkeypatch.setenv("DLO_TEST_REPLAY_REDIS", REDIS_URL)
+    broker = make_broker(name="redis", kind=BrokerKind.REDIS, url_env="DLO_TEST_REPLAY_REDIS")
+    channel = make_channel(broker, slug="orders", address=stream, address_group="workers",
+                           dlq_address=f"{stream}.dlq")  # fmt: skip
+    try:
+        entries = store(channel, *[letter(headers={"Idempotency-Key": f"k{i}",
+                                                   "x-first-death-queue": "evil"})
+                                   for i in range(3)])  # fmt: skip
+        plan = plan_for(entries, oncall)
+        assert replay.run_plan(plan.pk).status == PlanStatus.DONE
+        rows = client.xrange(stream)
+        assert len(rows) == 3
+        ids = {f[b"x-dlq-replay-id"].decode() for _, f in rows}
+        assert ids == set(ReplayItem.objects.values_list("replay_id", flat=True))
+        assert all(b"x-first-death-queue" not in f for _, f in rows)
+        assert {f[b"Idempotency-Key"] for _, f in rows} == {b"k0", b"k1", b"k2"}
+        assert not client.exists("evil")
+    finally:
+        client.delete(stream)
+        client.close()
+
+
+def test_nats_replay_publishes_to_the_stored_subject_with_a_msg_id(
+    oncall: User, monkeypatch: Any
+) -> None:
+    import nats
+
+    stream = f"DLO_REPLAY_{uuid.uuid4().hex[:8]}"
+    subject = stream.lower() + ".orders"
+
+    async def setup() -> None:
+        nc = await nats.connect(NATS_URL, connect_timeout=2, max_reconnect_attempts=0)
+        await nc.jetstream().add_stream(name=stream, subjects=[f"{stream.lower()}.>"])
+        await nc.close()
+
+    try:
+        asyncio.run(setup())
+    except Exception as exc:
+        broker_required("NATS", exc)
+    monkeypatch.setenv("DLO_TEST_REPLAY_NATS", NATS_URL)
+    broker = make_broker(name="nats", kind=BrokerKind.NATS, url_env="DLO_TEST_REPLAY_NATS")
+    channel = make_channel(broker, slug="orders", address=stream, address_group="workers",
+                           dlq_address="advisories")  # fmt: skip
+    entries = store(
+        channel,
+        *[
+            letter(
+                headers={"Idempotency-Key": f"k{i}"},
+                properties={"stream": stream, "stream_seq": i + 1, "subject": subject},
+            )
+            for i in range(2)
+        ],
+    )
+    plan = plan_for(entries, oncall)
+    try:
+        assert replay.run_plan(plan.pk).status == PlanStatus.DONE
+
+        async def read() -> list[Any]:
+            nc = await nats.connect(NATS_URL, connect_timeout=2, max_reconnect_attempts=0)
+            js = nc.jetstream()
+            msgs = [await js.get_msg(stream, seq) for seq in (1, 2)]
+            await nc.close()
+            return msgs
+
+        msgs = asyncio.run(read())
+        replay_ids = set(ReplayItem.objects.values_list("replay_id", flat=True))
+        assert {m.headers["Nats-Msg-Id"] for m in msgs} == replay_ids
+        assert {m.headers["x-dlq-replay-id"] for m in msgs} == replay_ids
+        assert {m.subject for m in msgs} == {subject}
+    finally:
+
+        async def cleanup() -> None:
+            nc = await nats.connect(NATS_URL, connect_timeout=2, max_reconnect_attempts=0)
+            await nc.jetstream().delete_stream(stream)
+            await nc.close()
+
+        asyncio.run(cleanup())
+
+
+def test_a_broker_that_is_down_leaves_items_to_retry(oncall: User, monkeypatch: Any) -> None:
+    monkeypatch.setenv("DLO_TEST_REPLAY_AMQP", "amqp://guest:guest@127.0.0.1:1/%2F")
+    monkeypatch.setattr(replay, "backoff", lambda attempt: 30.0)
+    channel = _rabbit_channel("nowhere")
+    entries = store(channel, letter())
+    plan = plan_for(entries, oncall)
+    result = replay.run_plan(plan.pk, max_seconds=1.0)
+    assert result.more and result.confirmed == 0
+    item = ReplayItem.objects.get(plan=plan)
+    assert item.status == ItemStatus.PENDING and "broker error" in item.last_error
+    assert DeadLetter.objects.get().status == Status.REPLAYING
