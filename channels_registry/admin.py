@@ -10,6 +10,8 @@ from django.http import HttpRequest
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
+from alerts.actions import do_record_rule_overrides, override_snapshot
+from alerts.admin import RuleOverrideInline
 from audit.actions import Actor
 from channels_registry.actions import (
     do_delete_broker,
@@ -76,6 +78,7 @@ class ChannelAdmin(admin.ModelAdmin):
     search_fields = ["name", "slug", "address", "owner_team"]
     prepopulated_fields = {"slug": ["name"]}
     readonly_fields = ["declaration_findings"]
+    inlines = [RuleOverrideInline]
     fieldsets = [
         ("Findings", {"fields": ["declaration_findings"]}),
         (
@@ -174,6 +177,14 @@ class ChannelAdmin(admin.ModelAdmin):
                 f"Saved with {len(errors)} declaration error(s): "
                 + "; ".join(f"{f['principle']} {f['message']}" for f in errors[:3]),
             )
+
+    def save_related(self, request: HttpRequest, form: Any, formsets: Any, change: bool) -> None:
+        # The alert rule overrides (inline) are saved after the channel: rerun the checks
+        # (a disabled DLQ alert is a finding) and audit the change.
+        channel = form.instance
+        before = override_snapshot(channel) if change else {}
+        super().save_related(request, form, formsets, change)
+        do_record_rule_overrides(channel, actor=Actor.from_request(request), before=before)
 
     def delete_model(self, request: HttpRequest, obj: Channel) -> None:
         do_delete_channel(obj, actor=Actor.from_request(request))

@@ -188,6 +188,31 @@ def dlq_has_depth_alert(channel: Channel) -> Iterator[Finding]:
             "The DLQ has no depth alert: dead letters pile up silently.",
             "Set a DLQ depth alert threshold (0 alerts on the first dead letter).",
         )
+    elif channel.dlq_address:
+        # The alert rules the channel really gets, with the admin's overrides applied.
+        from alerts.models import RuleKey
+        from alerts.rules import enabled_rules, inflow_default_enabled
+
+        enabled = _alert_rules(channel, enabled_rules)
+        if RuleKey.DLQ_DEPTH not in enabled and RuleKey.DLQ_INFLOW not in enabled:
+            yield Finding(
+                "dlq-no-alert",
+                ERROR,
+                "P10",
+                "The DLQ's depth and inflow alert rules are both disabled: dead letters pile "
+                "up silently.",
+                "Re-enable the DLQ depth alert rule in the channel's alert rule overrides.",
+            )
+        elif RuleKey.DLQ_DEPTH not in enabled:
+            yield Finding(
+                "dlq-depth-alert-disabled",
+                WARNING,
+                "P10",
+                "The DLQ depth alert rule is disabled; only new dead letters alert"
+                + ("" if inflow_default_enabled(channel) else " (inflow enabled by override)")
+                + ", not ones left untriaged.",
+                "Re-enable the DLQ depth alert rule in the channel's alert rule overrides.",
+            )
     if DlqStrategy.DLQ_ALERT in (channel.dlq_strategies or []) and not channel.dlq_address:
         yield Finding(
             "dlq-alert-without-dlq",
@@ -369,6 +394,18 @@ def bounded_in_flight(channel: Channel) -> Iterator[Finding]:
             "Unacknowledged messages per consumer are not bounded.",
             "Declare the prefetch / max unacked bound.",
         )
+
+
+def _alert_rules(channel: Channel, enabled_rules: Callable[..., set[str]]) -> set[str]:
+    from alerts.rules import Override
+
+    overrides = {}
+    if channel.pk is not None:
+        overrides = {
+            o.rule: Override(o.enabled, o.for_s, o.threshold, o.window_s)
+            for o in channel.alert_overrides.all()  # type: ignore[attr-defined]
+        }
+    return enabled_rules(channel, overrides)
 
 
 def check_channel(channel: Channel) -> list[Finding]:

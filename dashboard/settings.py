@@ -229,6 +229,11 @@ DLO_ROLLUP_RETENTION_DAYS = env_int("DLO_ROLLUP_RETENTION_DAYS", 30)
 DLO_SYSTEM_ACTOR = env_str("DLO_SYSTEM_ACTOR", "system")
 # Bulk actions above this many entries need a second person's approval.
 DLO_FOUR_EYES_THRESHOLD = env_int("DLO_FOUR_EYES_THRESHOLD", 1000)
+# Alerting: /metrics without a token only from these networks; notifications of one broker
+# within this many seconds go out as one message; links in notifications start with this URL.
+METRICS_ALLOWED_NETWORKS = env_list("METRICS_ALLOWED_NETWORKS", "127.0.0.1/32,::1/128")
+DLO_ALERT_GROUP_WAIT_S = env_int("DLO_ALERT_GROUP_WAIT_S", 30)
+DLO_BASE_URL = env_str("DLO_BASE_URL", "")
 
 # Security headers. The CSP allows no inline or eval'd script; styles may be inline for the
 # Django admin's own markup only.

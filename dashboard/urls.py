@@ -4,6 +4,7 @@ from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.urls import include, path
 
+from alerts import views as alert_views
 from dashboard import board, views
 
 admin.site.site_header = "Dead Letter Office — registry"
@@ -22,5 +23,7 @@ urlpatterns = [
     path("audit/", include("audit.urls")),
     path("api/replay-plans/", include("dlq.plan_urls")),
     path("api/audit-events/", include("audit.api")),
+    path("alerts/", include("alerts.urls")),
+    path("metrics", alert_views.metrics_view, name="metrics"),
     path("admin/", admin.site.urls),
 ]

@@ -37,6 +37,9 @@ def channel_post(broker: Broker, **overrides: Any) -> dict[str, Any]:
     data["dedup_scope"] = "per-message"
     data["dedup_store_shared"] = "on"
     data["dlq_records_reason"] = "on"
+    # The alert rule overrides inline (alerts app): none.
+    data["alert_overrides-TOTAL_FORMS"] = "0"
+    data["alert_overrides-INITIAL_FORMS"] = "0"
     data.update(overrides)
     return {k: v for k, v in data.items() if v is not None}
 
