@@ -25,7 +25,11 @@ MAX_SILENCE = dt.timedelta(days=7)
 @transaction.atomic
 def do_acknowledge_alert(alert_id: int, *, actor: Actor, note: str = "") -> Alert:
     """Mark an active alert as seen by someone. Idempotent: a second ack keeps the first."""
-    alert = Alert.objects.select_for_update().select_related("channel", "broker").get(pk=alert_id)
+    alert = (
+        Alert.objects.select_for_update(of=("self",))
+        .select_related("channel", "broker")
+        .get(pk=alert_id)
+    )
     if not alert.is_active:
         raise ValidationError("Only a pending or firing alert can be acknowledged.")
     if alert.acknowledged_at is not None:
@@ -92,7 +96,9 @@ def do_create_silence(
 
 @transaction.atomic
 def do_expire_silence(silence_id: int, *, actor: Actor, reason: str = "") -> Silence:
-    silence = Silence.objects.select_for_update().select_related("channel").get(pk=silence_id)
+    silence = (
+        Silence.objects.select_for_update(of=("self",)).select_related("channel").get(pk=silence_id)
+    )
     now = timezone.now()
     if silence.ends_at <= now:
         return silence
