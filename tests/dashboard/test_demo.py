@@ -1,0 +1,286 @@
+"""The demo: the reference consumer's discipline (no network) and a short run on the real
+brokers (declarations audited, dead letters and poison ingested, dedup store bounded)."""
+
+from __future__ import annotations
+
+import json
+import random
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.core.management import call_command
+
+from audit.actions import Actor
+from audit.models import AuditEvent
+from channels_registry.checks import check_channel
+from channels_registry.models import Broker, BrokerKind, Channel
+from dashboard.demo import topology
+from dashboard.demo.consumers import (
+    KEY_HEADER,
+    DedupStore,
+    Delivery,
+    ReferenceConsumer,
+    RetryPolicy,
+    Route,
+    backoff_delay,
+    jitter_fraction,
+)
+from dashboard.demo.producers import MIX, OrderFactory
+from dashboard.demo.runner import Pace
+from dlq.models import DeadLetter, Source
+from tests.conftest import broker_required
+
+POLICY = RetryPolicy(max_attempts=4, base_s=0.5, factor=2.0, cap_s=4.0)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def order(key: str = "k-1", attempt: int = 1, **fields: Any) -> Delivery:
+    body: dict[str, Any] = {
+        "schema_version": "1",
+        "order_id": "ord-1",
+        "customer": {"id": "cust-0001", "email": "a@example.test"},
+        "amount": 10.5,
+    }
+    body.update(fields)
+    return Delivery(json.dumps(body).encode(), {KEY_HEADER: key}, attempt)
+
+
+def consumer(dedup: DedupStore | None = None) -> ReferenceConsumer:
+    return ReferenceConsumer("orders", POLICY, dedup or DedupStore(ttl_s=60, max_size=100))
+
+
+# --- the dedup store ---------------------------------------------------------------------
+
+
+def test_dedup_store_evicts_the_least_recently_marked_key_beyond_its_bound() -> None:
+    store = DedupStore(ttl_s=3600, max_size=50, clock=Clock())
+    for i in range(1000):
+        store.mark(f"key-{i}")
+    assert len(store) == 50 and store.high_water == 50 and store.evicted == 950
+    assert not store.seen("key-949") and store.seen("key-950") and store.seen("key-999")
+    store.mark("key-950")  # marked again: now the most recent, so it survives the next insert
+    store.mark("key-new")
+    assert store.seen("key-950") and not store.seen("key-951")
+
+
+def test_dedup_store_forgets_keys_after_their_ttl() -> None:
+    clock = Clock()
+    store = DedupStore(ttl_s=60, max_size=100, clock=clock)
+    store.mark("a")
+    clock.now += 30
+    store.mark("b")
+    assert store.seen("a") and store.seen("b")
+    clock.now += 31  # a is 61 s old, b 31 s
+    assert not store.seen("a") and store.seen("b")
+    assert len(store) == 1 and store.expired == 1
+
+
+def test_dedup_store_refuses_to_be_unbounded() -> None:
+    with pytest.raises(ValueError):
+        DedupStore(ttl_s=0, max_size=10)
+    with pytest.raises(ValueError):
+        DedupStore(ttl_s=10, max_size=0)
+
+
+# --- backoff ------------------------------------------------------------------------------
+
+
+def test_backoff_doubles_with_jitter_and_never_exceeds_the_cap() -> None:
+    for retry, full in ((1, 0.5), (2, 1.0), (3, 2.0), (4, 4.0), (5, 4.0), (500, 4.0)):
+        assert backoff_delay(retry, 0.5, 2.0, 4.0, 0.0) == full / 2
+        assert backoff_delay(retry, 0.5, 2.0, 4.0, 0.999999) == pytest.approx(full, rel=1e-5)
+        for _ in range(50):
+            delay = backoff_delay(retry, 0.5, 2.0, 4.0, random.random())
+            assert full / 2 <= delay <= full <= 4.0
+
+
+def test_jitter_spreads_messages_but_is_stable_per_attempt() -> None:
+    fractions = {jitter_fraction(f"key-{i}", 1) for i in range(200)}
+    assert len(fractions) == 200 and all(0 <= f < 1 for f in fractions)
+    assert jitter_fraction("key-1", 2) == jitter_fraction("key-1", 2)
+    assert min(fractions) < 0.1 and max(fractions) > 0.9
+
+
+# --- routing ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"schema_version": "1", "order_id": "tr',
+        b"\xff\xfe\x00 binary",
+        b'{"schema_version": "9"}',
+    ],
+)
+def test_poison_is_routed_at_once_and_never_retried(body: bytes) -> None:
+    decision = consumer().handle(Delivery(body, {KEY_HEADER: "k"}, attempt=1))
+    assert decision.route == Route.POISON
+    assert decision.headers["reason"] == "poison"
+    assert decision.headers["x-error-class"] == "PoisonMessage"
+    assert decision.headers["x-retry-count"] == "0"
+    assert decision.headers[KEY_HEADER] == "k"  # the original headers travel with it
+
+
+def test_a_message_without_idempotency_key_is_poison() -> None:
+    decision = consumer().handle(Delivery(order().body, {}, attempt=1))
+    assert decision.route == Route.POISON and "Idempotency-Key" in decision.reason
+
+
+def test_permanent_failure_is_dead_lettered_at_once_with_reason_metadata() -> None:
+    decision = consumer().handle(order(customer={"id": "cust-unknown-3"}))
+    assert decision.route == Route.DEAD_LETTER and not decision.exhausted
+    assert decision.headers["reason"] == "permanent-failure"
+    assert decision.headers["x-error-class"] == "CustomerNotFound"
+    assert "cust-unknown-3" in decision.headers["x-error-message"]
+    assert decision.headers["x-original-address"] == "orders"
+    assert decision.headers["x-dead-lettered-at"]
+
+
+def test_transient_failure_retries_with_backoff_until_the_budget_then_dead_letters() -> None:
+    handler = consumer()
+    delays = []
+    for attempt in (1, 2, 3):
+        decision = handler.handle(order(attempt=attempt, demo={"fail_times": 99}))
+        assert decision.route == Route.RETRY
+        assert decision.headers["x-retry-count"] == str(attempt)
+        delays.append(decision.delay_s)
+    assert [0.25, 0.5, 1.0] <= delays <= [0.5, 1.0, 2.0]
+    last = handler.handle(order(attempt=4, demo={"fail_times": 99}))
+    assert last.route == Route.DEAD_LETTER and last.exhausted
+    assert last.headers["reason"] == "retry-budget-exhausted"
+    assert last.headers["x-error-class"] == "PaymentGatewayUnavailable"
+    assert (last.headers["x-retry-count"], last.headers["x-attempts"]) == ("3", "4")
+
+
+def test_transient_failure_that_recovers_is_processed_once_and_then_deduplicated() -> None:
+    dedup = DedupStore(ttl_s=60, max_size=10)
+    handler = consumer(dedup)
+    assert handler.handle(order(attempt=1, demo={"fail_times": 1})).route == Route.RETRY
+    assert not dedup.seen("k-1")  # a failure marks nothing
+    assert handler.handle(order(attempt=2, demo={"fail_times": 1})).route == Route.PROCESSED
+    assert handler.handle(order(attempt=1)).route == Route.DUPLICATE  # redelivered copy
+    assert handler.ledger.booked == 1
+
+
+def test_dedup_is_per_message_not_per_producer() -> None:
+    handler = consumer()
+    same_producer = [order(key=f"k-{i}") for i in range(5)]
+    assert [handler.handle(d).route for d in same_producer] == [Route.PROCESSED] * 5
+
+
+# --- producers and pacing ------------------------------------------------------------------
+
+
+def test_order_factory_produces_the_declared_mix_deterministically() -> None:
+    first = [OrderFactory(random.Random(3), max_attempts=4).next() for _ in range(1)]
+    again = [OrderFactory(random.Random(3), max_attempts=4).next() for _ in range(1)]
+    assert first == again
+    factory = OrderFactory(random.Random(3), max_attempts=4)
+    kinds = [factory.next().kind for _ in range(4000)]
+    for kind, share in MIX.items():
+        assert abs(kinds.count(kind) / 4000 - share) < 0.02, kind
+    handler = consumer(DedupStore(ttl_s=600, max_size=10_000))
+    factory = OrderFactory(random.Random(4), max_attempts=4)
+    routes = {}
+    for _ in range(400):
+        message = factory.next()
+        decision = handler.handle(Delivery(message.body, dict(message.headers), attempt=1))
+        routes.setdefault(message.kind, set()).add(decision.route)
+    assert routes["poison"] == {Route.POISON}
+    assert routes["permanent"] == {Route.DEAD_LETTER}
+    assert routes["transient"] == {Route.RETRY} and routes["exhaust"] == {Route.RETRY}
+    assert routes["duplicate"] == {Route.DUPLICATE}
+
+
+def test_consumers_are_slow_first_then_catch_up() -> None:
+    pace = Pace.for_run(20.0, 60.0)
+    assert pace.slow(1.0) and not pace.slow(pace.slow_s + 1)
+    assert pace.work_s(1.0) == pytest.approx(1 / 10)  # half the producers' rate
+    assert pace.work_s(pace.slow_s + 1) < 1 / 20  # faster than the producers
+
+
+# --- declarations -----------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("kind", topology.KINDS)
+def test_demo_declaration_is_clean_audited_and_idempotent(kind: str) -> None:
+    names = topology.names_for("t", kind)
+    env, url = topology.URL_ENV[kind]
+    found = topology.Found(kind, env, url, reachable=True)
+    first = topology.declare(found, names, Actor.system("demo"))
+    assert check_channel(first.channel) == []
+    assert first.channel.error_count == first.channel.warning_count == 0
+    again = topology.declare(found, names, Actor.system("demo"))
+    assert again.changed == []
+    assert Broker.objects.count() == 1 and Channel.objects.count() == 1
+    actions = list(AuditEvent.objects.order_by("seq").values_list("action", flat=True))
+    assert actions == ["registry.broker.create", "registry.channel.create"]
+
+
+# --- a short run on the real brokers -------------------------------------------------------
+
+
+@pytest.mark.broker
+@pytest.mark.slow
+@pytest.mark.django_db
+def test_demo_runs_traffic_through_every_path_on_the_reachable_brokers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for kind in topology.KINDS:  # restored after the test: the command sets what is unset
+        env, default = topology.URL_ENV[kind]
+        monkeypatch.setenv(env, default)
+    monkeypatch.setenv(*topology.MANAGEMENT_ENV)
+    found = topology.detect(timeout=2.0)
+    for item in found:
+        if not item.reachable:
+            broker_required(item.label, RuntimeError(item.detail))
+    prefix = "t" + uuid.uuid4().hex[:8]
+    report_path = tmp_path / "report.json"
+    try:
+        call_command(
+            "demo",
+            "--seconds", "8",
+            "--rate", "40",
+            "--prefix", prefix,
+            "--seed", "7",
+            "--dedup-max", "50",
+            "--report", str(report_path),
+        )  # fmt: skip
+        report = {r["broker"]: r for r in json.loads(report_path.read_text())["brokers"]}
+        assert set(report) == {f.kind for f in found if f.reachable}
+        for kind, r in report.items():
+            channel = Channel.objects.get(slug=topology.names_for(prefix, kind).slug)
+            assert channel.error_count == 0
+            assert AuditEvent.objects.filter(
+                action="registry.channel.create", channel_slug=channel.slug
+            ).exists()
+            assert r["produced"] > 100 and r["processed"] > 50, r
+            assert r["retried"] > 0 and r["dead_lettered"] > 0 and r["poison"] > 0, r
+            assert r["duplicates"] > 0, r
+            # The bound held and was exercised.
+            assert r["dedup_high_water"] <= 50 and r["dedup_evicted"] > 0, r
+            # What the consumers routed reached the brokers' DLQ and poison addresses: the
+            # dashboard's own ingest found it there.
+            entries = DeadLetter.objects.filter(channel=channel)
+            assert entries.filter(source=Source.DLQ).exists(), (kind, r)
+            assert entries.filter(source=Source.POISON).exists(), (kind, r)
+            with_reason = entries.exclude(reason="")
+            assert with_reason.exists()
+            if kind != BrokerKind.NATS:  # NATS dead letters are the original messages
+                assert entries.filter(error_class="CustomerNotFound").exists()
+                reasons = set(entries.values_list("reason", flat=True))
+                assert reasons <= {"poison", "permanent-failure", "retry-budget-exhausted"}
+    finally:
+        for item in found:
+            if item.reachable:
+                topology.teardown_topology(item, topology.names_for(prefix, item.kind), 2.0)
