@@ -37,7 +37,7 @@ from alerts.models import (
     Silence,
     Transition,
 )
-from channels_registry.health import POINT_FIELDS, HealthState
+from channels_registry.health import POINT_FIELDS, DlqFlag, HealthState
 from channels_registry.models import Broker, BrokerPollState, Channel, ChannelHealth
 from channels_registry.polling import stale_after_s
 from dlq.models import RESOLVED, DeadLetter, Source
@@ -100,6 +100,7 @@ def _growth(window: list[list[Any]], index: int, since: float) -> int:
 def _facts(
     channel: Channel,
     health: ChannelHealth | None,
+    window: list[list[Any]],
     now: dt.datetime,
     broker_fresh: bool,
     unresolved: dict[tuple[int, str], dict[str, Any]],
@@ -115,7 +116,6 @@ def _facts(
         or (now - health.last_sample_at).total_seconds() > limit
     ):
         return rules.ChannelFacts(fresh=False)
-    window = health.window or []
     last = window[-1] if window else None
     dlq = unresolved.get((channel.pk, Source.DLQ), {})
     poison = unresolved.get((channel.pk, Source.POISON), {})
@@ -240,12 +240,13 @@ class _Run:
         track, event = rules.step(_track(alert), obs.value, spec, self.now.timestamp())
         evidence = [obs.summary, *obs.evidence]
         if event is None:
+            # Steady alerts are not rewritten every 15 s: only a moving clear clock is saved.
             if alert is not None and track is not None:
-                if obs.value is not None:
-                    alert.value = obs.value
-                alert.clear_since = _at(track.clear_since)
-                alert.last_evaluated_at = self.now
-                self.changed[alert.pk] = alert
+                clear_since = _at(track.clear_since)
+                if clear_since != alert.clear_since:
+                    alert.clear_since = clear_since
+                    alert.last_evaluated_at = self.now
+                    self.changed[alert.pk] = alert
             return
         if event == rules.Event.CANCELLED:
             assert alert is not None
@@ -343,8 +344,18 @@ def _evaluate(now: dt.datetime) -> _Run:
     channels = list(
         Channel.objects.filter(enabled=True, broker__enabled=True)
         .select_related("broker", "health")
-        .defer("health__spark", "health__observed", "health__observed_findings")
+        .defer("health__spark", "health__observed", "health__observed_findings", "health__window")
         .order_by("pk")
+    )
+    # The sample windows (for DLQ growth on the broker not yet ingested) only of channels
+    # whose health saw dead-letter inflow: parsing every window would dominate the run.
+    flagged = [
+        c.pk
+        for c in channels
+        if getattr(c, "health", None) is not None and DlqFlag.INFLOW in (c.health.dlq_flags or [])
+    ]
+    windows_by_channel = dict(
+        ChannelHealth.objects.filter(pk__in=flagged).values_list("pk", "window")
     )
     overrides = load_overrides()
     active = {
@@ -380,7 +391,14 @@ def _evaluate(now: dt.datetime) -> _Run:
     for channel in channels:
         health: ChannelHealth | None = getattr(channel, "health", None)
         facts = _facts(
-            channel, health, now, fresh.get(channel.broker_id, False), unresolved, inflow, windows
+            channel,
+            health,
+            windows_by_channel.get(channel.pk) or [],
+            now,
+            fresh.get(channel.broker_id, False),
+            unresolved,
+            inflow,
+            windows,
         )
         for spec in specs[channel.pk]:
             obs = rules.observe(spec, facts)

@@ -173,6 +173,7 @@ class Alert(models.Model):
     fired_at = models.DateTimeField(null=True, blank=True)
     resolved_at = models.DateTimeField(null=True, blank=True, db_index=True)
     clear_since = models.DateTimeField(null=True, blank=True)
+    # The evaluation that last changed this row (steady alerts are not rewritten).
     last_evaluated_at = models.DateTimeField()
     inhibited = models.BooleanField(default=False)
     silence = models.ForeignKey(
