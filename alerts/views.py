@@ -12,6 +12,7 @@ from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_not_required
 from django.core.exceptions import PermissionDenied, ValidationError
+from django.db.models import Q
 from django.http import HttpRequest, HttpResponse, HttpResponseForbidden
 from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
@@ -58,13 +59,20 @@ SILENCE_DURATIONS = [
 STOP_POLLING = 286
 
 
-def _failures(alert_ids: list[int]) -> dict[int, int]:
-    failed: dict[int, int] = {}
-    for alert_id in Notification.objects.filter(
-        alert_id__in=alert_ids, status=NotificationStatus.FAILED
-    ).values_list("alert_id", flat=True):
-        failed[alert_id] = failed.get(alert_id, 0) + 1
-    return failed
+def _troubles(alert_ids: list[int]) -> dict[int, tuple[int, int]]:
+    """Per alert: (notifications given up on, notifications being retried)."""
+    result: dict[int, tuple[int, int]] = {}
+    rows = Notification.objects.filter(alert_id__in=alert_ids).filter(
+        Q(status=NotificationStatus.FAILED) | Q(status=NotificationStatus.PENDING, attempts__gt=0)
+    )
+    for alert_id, status in rows.values_list("alert_id", "status"):
+        failed, retrying = result.get(alert_id, (0, 0))
+        if status == NotificationStatus.FAILED:
+            failed += 1
+        else:
+            retrying += 1
+        result[alert_id] = (failed, retrying)
+    return result
 
 
 @require_GET
@@ -79,9 +87,9 @@ def alert_list(request: HtmxHttpRequest) -> HttpResponse:
         rows.sort(key=lambda a: (a.state != AlertState.FIRING, a.muted, a.severity != "critical"))
     else:
         rows = list(alerts.filter(state=AlertState.RESOLVED).order_by("-id")[:RESOLVED_SHOWN])
-    failed = _failures([a.pk for a in rows])
+    troubles = _troubles([a.pk for a in rows])
     context: dict[str, Any] = {
-        "rows": [(a, failed.get(a.pk, 0)) for a in rows],
+        "rows": [(a, *troubles.get(a.pk, (0, 0))) for a in rows],
         "show": show,
         "firing": firing_count(),
         "silences": Silence.objects.filter(ends_at__gt=now)

@@ -109,6 +109,9 @@ def test_failed_notifications_show_on_the_list_and_the_alert(viewer: object, fir
     Notification.objects.update(status="failed", attempts=8, last_error="ConnectError: refused")
     client = client_for(viewer)  # type: ignore[arg-type]
     assert "1 notification failed" in client.get("/alerts/").content.decode()
+    Notification.objects.update(status="pending", attempts=2)
+    assert "1 notification retrying" in client.get("/alerts/").content.decode()
+    Notification.objects.update(status="failed")
     detail = client.get(f"/alerts/{firing.pk}/").content.decode()
     assert "ConnectError: refused" in detail and "Failed" in detail
 
