@@ -10,7 +10,7 @@ from typing import Any
 
 from django.conf import settings
 from django.core.serializers.json import DjangoJSONEncoder
-from django.db import models, transaction
+from django.db import connection, models, transaction
 from django.http import HttpRequest
 from django.utils import timezone
 
@@ -252,6 +252,33 @@ def record_many(specs: list[EventSpec], *, actor: Actor) -> int:
             )
             event.hash = prev = compute_hash(event.canonical_fields())
             events.append(event)
-        AuditEvent.objects.bulk_create(events, batch_size=500)
+        if connection.vendor == "postgresql":
+            _copy_events(events)
+        else:
+            AuditEvent.objects.bulk_create(events, batch_size=500)
         AuditHead.objects.filter(pk=1).update(seq=seq, hash=prev)
     return len(events)
+
+
+_COPY_FIELDS = [f for f in AuditEvent._meta.concrete_fields if f.name != "id"]
+
+
+def _copy_events(events: list[AuditEvent]) -> None:
+    """PostgreSQL ``COPY … FROM STDIN``: the same rows as ``bulk_create``, several times
+    faster for the thousands of per-entry events a bulk action writes."""
+    from psycopg.types.json import Jsonb
+
+    columns = ", ".join(connection.ops.quote_name(f.column or f.attname) for f in _COPY_FIELDS)
+    table = connection.ops.quote_name(AuditEvent._meta.db_table)
+    json_fields = {f.attname for f in _COPY_FIELDS if isinstance(f, models.JSONField)}
+    with connection.cursor() as cursor:
+        raw = cursor.cursor  # the psycopg cursor under Django's wrapper
+        with raw.copy(f"COPY {table} ({columns}) FROM STDIN") as copy:
+            for event in events:
+                copy.write_row(
+                    [
+                        Jsonb(value) if name in json_fields and value is not None else value
+                        for name, value in ((f.attname, getattr(event, f.attname))
+                                            for f in _COPY_FIELDS)
+                    ]
+                )  # fmt: skip

@@ -43,8 +43,8 @@ from typing import Any
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import Count, Exists, F, OuterRef, Q, QuerySet
-from django.db.models.functions import Coalesce
+from django.db.models import CharField, Count, Exists, F, OuterRef, Q, QuerySet, Value
+from django.db.models.functions import Cast, Coalesce, Concat
 from django.utils import timezone
 
 from audit.actions import Actor, EventSpec, record, record_many
@@ -68,7 +68,9 @@ log = logging.getLogger(__name__)
 
 REPLAY_ID_HEADER = "x-dlq-replay-id"
 BATCH_SIZE = 200  # items per publish round trip: the relay's in-flight window
-LEASE_S = 60.0
+# A relay renews its lease every batch; a crashed one is taken over once it expires. The
+# environment override is for the fault tests, which restart a killed relay at once.
+LEASE_S = float(os.environ.get("DLO_REPLAY_LEASE_S", "60"))
 SLICE_S = 300.0  # one relay run; the task re-enqueues itself for the rest
 DEFAULT_VELOCITY = 100.0
 MAX_VELOCITY = 100_000.0
@@ -537,12 +539,27 @@ def _take_batch(
         if not items:
             return []
         fresh = [i for i in items if i.status == ItemStatus.PENDING]
+        # Two UPDATEs, not a per-row CASE: items whose last outcome was in doubt keep their
+        # replay id; the others get "<plan>:<item>:<attempt>" computed by the database.
+        keep = [i.pk for i in fresh if i.replay_id]
+        new = [i.pk for i in fresh if not i.replay_id]
+        bump = {"status": ItemStatus.SENDING, "attempts": F("attempts") + 1}
+        if keep:
+            ReplayItem.objects.filter(pk__in=keep).update(**bump)
+        if new:
+            replay_id = Concat(
+                Value(f"{plan.pk}:"),
+                Cast("id", CharField()),
+                Value(":"),
+                Cast(F("attempts") + 1, CharField()),
+                output_field=CharField(),
+            )
+            ReplayItem.objects.filter(pk__in=new).update(**bump, replay_id=replay_id)
         for item in fresh:
             item.attempts += 1
             item.status = ItemStatus.SENDING
             item.replay_id = item.replay_id or f"{plan.pk}:{item.pk}:{item.attempts}"
         if fresh:
-            ReplayItem.objects.bulk_update(fresh, ["attempts", "status", "replay_id"])
             ReplayPlan.objects.filter(pk=plan.pk).update(sent=F("sent") + len(fresh))
     return items
 
@@ -764,7 +781,9 @@ def _run_replay(plan: ReplayPlan, owner: str, result: RunResult, max_seconds: fl
                 time.sleep(min(wait, 5.0))
                 continue
             started = time.monotonic()
-            entries = DeadLetter.objects.in_bulk([i.entry_id for i in items])
+            entries = DeadLetter.objects.only("id", "body", "headers", "properties").in_bulk(
+                [i.entry_id for i in items]
+            )
             batch = [(publishers.target_for(entries[i.entry_id]), outgoing(entries[i.entry_id], i))
                      for i in items]  # fmt: skip
             outcomes = publishers.publish(batch)
