@@ -18,7 +18,8 @@ BASE = {
 
 
 def manage(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
-    full_env = {k: v for k, v in os.environ.items() if k not in {"DATABASE_URL", "SECRET_KEY"}}
+    dropped = {"DATABASE_URL", "SECRET_KEY", "DJANGO_ALLOW_ASYNC_UNSAFE"}
+    full_env = {k: v for k, v in os.environ.items() if k not in dropped}
     full_env.update(env)
     return subprocess.run(
         [sys.executable, "manage.py", *args],

@@ -23,10 +23,6 @@ CHROMIUM = "/usr/bin/chromium"
 ARTIFACTS = Path(__file__).resolve().parents[2] / "artifacts" / "screenshots"
 LAYER_URL = os.environ.get("DLO_TEST_LAYER_REDIS_URL", "redis://127.0.0.1:6379/9")
 
-# Playwright's sync API runs an event loop in this thread; the ORM work the journeys do between
-# browser steps is ordinary synchronous test code.
-os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
-
 
 def required(what: str, problem: str) -> None:
     message = f"{what}: {problem}"
@@ -123,11 +119,14 @@ def asgi_server(transactional_db: Any, channel_layer_redis: None) -> Iterator[st
 
 
 @pytest.fixture
-def browser() -> Iterator[Any]:
+def browser(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     if not os.path.exists(CHROMIUM):
         required("Debian chromium", f"{CHROMIUM} is not installed (apt-get install chromium)")
     from playwright.sync_api import sync_playwright
 
+    # Playwright's sync API runs an event loop in this thread; the ORM work the journeys do
+    # between browser steps is ordinary synchronous test code.
+    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
     with sync_playwright() as p:
         instance = p.chromium.launch(
             executable_path=CHROMIUM,
