@@ -136,7 +136,11 @@ def plan_detail(request: HtmxHttpRequest, pk: int) -> HttpResponse:
     plan = get_plan_for_user(request, pk)
     context = _plan_context(request, plan)
     if request.htmx and not request.htmx.boosted:
-        return render(request, "dlq/replay_plan.html#progress", context)
+        response = render(request, "dlq/replay_plan.html#progress", context)
+        if not context.get("live"):
+            # The plan stopped moving: reload once so its controls and items are current too.
+            response["HX-Refresh"] = "true"
+        return response
     problems = (
         ReplayItem.objects.filter(plan=plan)
         .exclude(last_error="")

@@ -146,6 +146,9 @@ def test_oncall_triages_and_replays_a_failure_group(
             break
     assert plan.status == PlanStatus.DONE
     expect(page.locator("#progress")).to_contain_text("Done", timeout=10_000)
+    # Once finished, the page reloads itself: items are current and no control is offered.
+    expect(page.locator("main table")).to_contain_text("Confirmed", timeout=10_000)
+    assert page.get_by_role("button", name="Cancel the plan").count() == 0
     tab.shot("5-plan-done")
     assert set(DeadLetter.objects.filter(channel=channel).values_list("status", flat=True)) == {
         Status.REPLAYED
