@@ -256,10 +256,17 @@ def do_create_plan(
                     record_many(
                         [
                             EventSpec(
-                                "dlq.replay.request", "dlq.deadletter", pk, f"dead letter #{pk}",
-                                channel.slug, reason=reason,
-                                after={"plan": plan.pk, "item": item_ids[pk],
-                                       "target": plan.target_display},
+                                "dlq.replay.request",
+                                "dlq.deadletter",
+                                pk,
+                                f"dead letter #{pk}",
+                                channel.slug,
+                                reason=reason,
+                                after={
+                                    "plan": plan.pk,
+                                    "item": item_ids[pk],
+                                    "target": plan.target_display,
+                                },
                             )  # fmt: skip
                             for pk in ids[start : start + replay.ID_CHUNK]
                         ],
@@ -311,10 +318,17 @@ def _discard_items(plan: Any, items: list[Any]) -> int:
     record_many(
         [
             EventSpec(
-                "dlq.discard", "dlq.deadletter", i.entry_id, f"dead letter #{i.entry_id}",
-                plan.channel.slug, reason=plan.reason,
-                after={"plan": plan.pk, "status": [before[i.entry_id], Status.DISCARDED],
-                       "approved_by": plan.approved_by_username or None},
+                "dlq.discard",
+                "dlq.deadletter",
+                i.entry_id,
+                f"dead letter #{i.entry_id}",
+                plan.channel.slug,
+                reason=plan.reason,
+                after={
+                    "plan": plan.pk,
+                    "status": [before[i.entry_id], Status.DISCARDED],
+                    "approved_by": plan.approved_by_username or None,
+                },
             )  # fmt: skip
             for i in done
         ],
@@ -471,8 +485,13 @@ def do_cancel_plan(plan_id: int, *, actor: Actor, reason: str = "") -> Any:
             record_many(
                 [
                     EventSpec(
-                        "dlq.replay.cancelled", "dlq.deadletter", e, f"dead letter #{e}",
-                        plan.channel.slug, reason=reason, after={"plan": plan.pk, "item": pk},
+                        "dlq.replay.cancelled",
+                        "dlq.deadletter",
+                        e,
+                        f"dead letter #{e}",
+                        plan.channel.slug,
+                        reason=reason,
+                        after={"plan": plan.pk, "item": pk},
                         outcome="failed",
                     )  # fmt: skip
                     for pk, e in chunk

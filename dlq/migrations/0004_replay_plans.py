@@ -6,95 +6,196 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('channels_registry', '0003_samples_health'),
-        ('dlq', '0003_roles'),
+        ("channels_registry", "0003_samples_health"),
+        ("dlq", "0003_roles"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
     operations = [
         migrations.AlterModelOptions(
-            name='deadletter',
-            options={'ordering': ['-id'], 'permissions': [('replay_deadletter', 'Can replay dead letters'), ('discard_deadletter', 'Can discard dead letters'), ('approve_bulk_action', "Can approve another person's bulk replay or discard")]},
+            name="deadletter",
+            options={
+                "ordering": ["-id"],
+                "permissions": [
+                    ("replay_deadletter", "Can replay dead letters"),
+                    ("discard_deadletter", "Can discard dead letters"),
+                    ("approve_bulk_action", "Can approve another person's bulk replay or discard"),
+                ],
+            },
         ),
         migrations.AddField(
-            model_name='deadletter',
-            name='generation',
+            model_name="deadletter",
+            name="generation",
             field=models.PositiveSmallIntegerField(default=0),
         ),
         migrations.CreateModel(
-            name='ReplayPlan',
+            name="ReplayPlan",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('kind', models.CharField(choices=[('replay', 'Replay'), ('discard', 'Discard')], default='replay', max_length=8)),
-                ('status', models.CharField(choices=[('awaiting_approval', 'Awaiting approval'), ('queued', 'Queued'), ('running', 'Running'), ('paused', 'Paused'), ('halted', 'Halted by the canary'), ('done', 'Done'), ('cancelled', 'Cancelled')], max_length=20)),
-                ('target_name', models.CharField(blank=True, max_length=255)),
-                ('target_group', models.CharField(blank=True, max_length=255)),
-                ('selection', models.JSONField(blank=True, default=dict)),
-                ('total', models.PositiveIntegerField(default=0)),
-                ('velocity', models.FloatField(blank=True, help_text='messages per second', null=True)),
-                ('canary_size', models.PositiveIntegerField(default=0)),
-                ('canary_wait_s', models.FloatField(default=30.0)),
-                ('canary_passed_at', models.DateTimeField(blank=True, null=True)),
-                ('max_attempts', models.PositiveSmallIntegerField(default=5)),
-                ('warnings', models.JSONField(blank=True, default=list)),
-                ('override', models.BooleanField(default=False)),
-                ('override_reason', models.TextField(blank=True)),
-                ('requested_by_username', models.CharField(blank=True, max_length=150)),
-                ('reason', models.TextField()),
-                ('request_key', models.CharField(blank=True, max_length=64, null=True, unique=True)),
-                ('needs_approval', models.BooleanField(default=False)),
-                ('approved_by_username', models.CharField(blank=True, max_length=150)),
-                ('approved_at', models.DateTimeField(blank=True, null=True)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('started_at', models.DateTimeField(blank=True, null=True)),
-                ('finished_at', models.DateTimeField(blank=True, null=True)),
-                ('status_note', models.TextField(blank=True)),
-                ('sent', models.PositiveIntegerField(default=0)),
-                ('confirmed', models.PositiveIntegerField(default=0)),
-                ('failed', models.PositiveIntegerField(default=0)),
-                ('cancelled', models.PositiveIntegerField(default=0)),
-                ('discarded', models.PositiveIntegerField(default=0)),
-                ('skipped', models.PositiveIntegerField(default=0)),
-                ('lease_owner', models.CharField(blank=True, max_length=64)),
-                ('lease_until', models.DateTimeField(blank=True, null=True)),
-                ('approved_by', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to=settings.AUTH_USER_MODEL)),
-                ('channel', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='replay_plans', to='channels_registry.channel')),
-                ('requested_by', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to=settings.AUTH_USER_MODEL)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                (
+                    "kind",
+                    models.CharField(
+                        choices=[("replay", "Replay"), ("discard", "Discard")],
+                        default="replay",
+                        max_length=8,
+                    ),
+                ),
+                (
+                    "status",
+                    models.CharField(
+                        choices=[
+                            ("awaiting_approval", "Awaiting approval"),
+                            ("queued", "Queued"),
+                            ("running", "Running"),
+                            ("paused", "Paused"),
+                            ("halted", "Halted by the canary"),
+                            ("done", "Done"),
+                            ("cancelled", "Cancelled"),
+                        ],
+                        max_length=20,
+                    ),
+                ),
+                ("target_name", models.CharField(blank=True, max_length=255)),
+                ("target_group", models.CharField(blank=True, max_length=255)),
+                ("selection", models.JSONField(blank=True, default=dict)),
+                ("total", models.PositiveIntegerField(default=0)),
+                (
+                    "velocity",
+                    models.FloatField(blank=True, help_text="messages per second", null=True),
+                ),
+                ("canary_size", models.PositiveIntegerField(default=0)),
+                ("canary_wait_s", models.FloatField(default=30.0)),
+                ("canary_passed_at", models.DateTimeField(blank=True, null=True)),
+                ("max_attempts", models.PositiveSmallIntegerField(default=5)),
+                ("warnings", models.JSONField(blank=True, default=list)),
+                ("override", models.BooleanField(default=False)),
+                ("override_reason", models.TextField(blank=True)),
+                ("requested_by_username", models.CharField(blank=True, max_length=150)),
+                ("reason", models.TextField()),
+                (
+                    "request_key",
+                    models.CharField(blank=True, max_length=64, null=True, unique=True),
+                ),
+                ("needs_approval", models.BooleanField(default=False)),
+                ("approved_by_username", models.CharField(blank=True, max_length=150)),
+                ("approved_at", models.DateTimeField(blank=True, null=True)),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                ("started_at", models.DateTimeField(blank=True, null=True)),
+                ("finished_at", models.DateTimeField(blank=True, null=True)),
+                ("status_note", models.TextField(blank=True)),
+                ("sent", models.PositiveIntegerField(default=0)),
+                ("confirmed", models.PositiveIntegerField(default=0)),
+                ("failed", models.PositiveIntegerField(default=0)),
+                ("cancelled", models.PositiveIntegerField(default=0)),
+                ("discarded", models.PositiveIntegerField(default=0)),
+                ("skipped", models.PositiveIntegerField(default=0)),
+                ("lease_owner", models.CharField(blank=True, max_length=64)),
+                ("lease_until", models.DateTimeField(blank=True, null=True)),
+                (
+                    "approved_by",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="+",
+                        to=settings.AUTH_USER_MODEL,
+                    ),
+                ),
+                (
+                    "channel",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="replay_plans",
+                        to="channels_registry.channel",
+                    ),
+                ),
+                (
+                    "requested_by",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="+",
+                        to=settings.AUTH_USER_MODEL,
+                    ),
+                ),
             ],
             options={
-                'ordering': ['-id'],
+                "ordering": ["-id"],
             },
         ),
         migrations.CreateModel(
-            name='ReplayItem',
+            name="ReplayItem",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('position', models.PositiveIntegerField()),
-                ('status', models.CharField(choices=[('pending', 'Pending'), ('sending', 'Sending'), ('confirmed', 'Confirmed'), ('failed', 'Failed'), ('cancelled', 'Cancelled'), ('discarded', 'Discarded'), ('skipped', 'Skipped (entry changed state)')], default='pending', max_length=10)),
-                ('attempts', models.PositiveSmallIntegerField(default=0)),
-                ('replay_id', models.CharField(blank=True, max_length=64)),
-                ('last_error', models.TextField(blank=True)),
-                ('next_attempt_at', models.DateTimeField(blank=True, null=True)),
-                ('finished_at', models.DateTimeField(blank=True, null=True)),
-                ('entry', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='items', to='dlq.deadletter')),
-                ('plan', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='items', to='dlq.replayplan')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("position", models.PositiveIntegerField()),
+                (
+                    "status",
+                    models.CharField(
+                        choices=[
+                            ("pending", "Pending"),
+                            ("sending", "Sending"),
+                            ("confirmed", "Confirmed"),
+                            ("failed", "Failed"),
+                            ("cancelled", "Cancelled"),
+                            ("discarded", "Discarded"),
+                            ("skipped", "Skipped (entry changed state)"),
+                        ],
+                        default="pending",
+                        max_length=10,
+                    ),
+                ),
+                ("attempts", models.PositiveSmallIntegerField(default=0)),
+                ("replay_id", models.CharField(blank=True, max_length=64)),
+                ("last_error", models.TextField(blank=True)),
+                ("next_attempt_at", models.DateTimeField(blank=True, null=True)),
+                ("finished_at", models.DateTimeField(blank=True, null=True)),
+                (
+                    "entry",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="items",
+                        to="dlq.deadletter",
+                    ),
+                ),
+                (
+                    "plan",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="items",
+                        to="dlq.replayplan",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['plan', 'position'],
+                "ordering": ["plan", "position"],
             },
         ),
         migrations.AddIndex(
-            model_name='replayplan',
-            index=models.Index(fields=['status', 'id'], name='dlq_plan_status_id'),
+            model_name="replayplan",
+            index=models.Index(fields=["status", "id"], name="dlq_plan_status_id"),
         ),
         migrations.AddIndex(
-            model_name='replayitem',
-            index=models.Index(fields=['plan', 'status', 'position'], name='dlq_item_plan_status_pos'),
+            model_name="replayitem",
+            index=models.Index(
+                fields=["plan", "status", "position"], name="dlq_item_plan_status_pos"
+            ),
         ),
         migrations.AddConstraint(
-            model_name='replayitem',
-            constraint=models.UniqueConstraint(fields=('plan', 'entry'), name='dlq_item_unique_entry'),
+            model_name="replayitem",
+            constraint=models.UniqueConstraint(
+                fields=("plan", "entry"), name="dlq_item_unique_entry"
+            ),
         ),
     ]
