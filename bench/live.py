@@ -1,0 +1,476 @@
+"""Live board benchmark (hand-run, not a test): ``.venv/bin/python -m bench.live``.
+
+What it measures: the time from a poll's commit to the moment each of 200 authenticated
+websocket clients of ``/ws/board/`` has received the updated rows of 1,000 channels, and the
+resident memory of the server process.
+
+1. A fresh PostgreSQL database (``bench_live_<run>``), migrated; a viewer user and one Django
+   session per client (``SessionStore``, the cookie a browser would hold); one broker and
+   1,000 channels.
+2. The server is a real ASGI process: ``daphne dashboard.asgi:application`` on loopback, with
+   ``REDIS_URL=redis://127.0.0.1:6379/5`` so the channel layer (channels_redis) carries the
+   pushes from this process to it.
+3. Clients: a minimal RFC 6455 client on asyncio streams (the venv has no ``websockets`` or
+   ``aiohttp``; adding one only for a benchmark is not worth a locked dependency). Each
+   client logs in by its session cookie, sends an allowed Origin, answers pings, and records
+   the receipt time and the poll cycle of every message.
+4. The poller: the real ``do_poll_broker`` (samples, health, one transaction, push after
+   commit through ``dashboard.live.push_board_rows``) with the adapter replaced by a synthetic
+   one, so no broker is involved and every cycle changes ``BENCH_CHANGED`` rows (in-flight =
+   the cycle number, which the clients read back from the row HTML). The commit time is the
+   moment ``push_board_rows`` is called (Django calls it right after the commit).
+5. Latency per row = receipt - commit of that row's cycle; p50/p95/max over all rows of all
+   clients, and how many of the expected rows arrived. RSS: ``VmRSS`` of the server process.
+
+Environment: ``BENCH_CLIENTS`` (200), ``BENCH_CHANNELS`` (1,000), ``BENCH_CHANGED`` (all),
+``BENCH_CYCLES`` (8), ``BENCH_INTERVAL_S`` (3).
+
+Note: with redis-py 8 (its socket timeout now defaults to 5 s) channels_redis' blocking
+receive times out on a socket idle for 5 s and the server closes the websocket with 1011; a
+longer interval shows it as client errors (the fix is ``socket_timeout: None`` in the channel
+layer's host config). Everything is dropped afterwards. Loopback
+only; every loop and wait is bounded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import os
+import re
+import socket
+import statistics
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from typing import Any
+
+PG_ADMIN = os.environ.get("BENCH_PG_ADMIN_URL", "postgres://postgres@127.0.0.1:5432/postgres")
+CLIENTS = int(os.environ.get("BENCH_CLIENTS", "200"))
+CHANNELS = int(os.environ.get("BENCH_CHANNELS", "1000"))
+CHANGED = int(os.environ.get("BENCH_CHANGED", str(CHANNELS)))
+CYCLES = int(os.environ.get("BENCH_CYCLES", "8"))
+# Below 5 s on purpose: see the note on channels_redis and redis-py 8 in the module docstring.
+INTERVAL_S = float(os.environ.get("BENCH_INTERVAL_S", "3"))
+REDIS_URL = os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/5")
+RUN = uuid.uuid4().hex[:8]
+DB = f"bench_live_{RUN}"
+HOST = "127.0.0.1"
+
+_MOVING = re.compile(rb'<td class="n">[\d,]+</td>\s*<td class="n">([1-9]\d{0,2})</td>')
+
+
+def _pg(dbname: str = "postgres") -> Any:
+    import psycopg
+
+    return psycopg.connect(PG_ADMIN.rsplit("/", 1)[0] + "/" + dbname, autocommit=True)
+
+
+def _server_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        DATABASE_URL=PG_ADMIN.rsplit("/", 1)[0] + "/" + DB,
+        REDIS_URL=REDIS_URL,
+        DEBUG="0",
+        ALLOWED_HOSTS=HOST,
+        LOG_LEVEL="WARNING",
+        DJANGO_SETTINGS_MODULE="dashboard.settings",
+    )
+    env.pop("CELERY_BROKER_URL", None)
+    return env
+
+
+def setup_django() -> None:
+    with _pg() as conn:
+        conn.execute(f'CREATE DATABASE "{DB}"')
+    os.environ.update(_server_env())
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+
+    call_command("migrate", verbosity=0)
+
+
+def drop_database() -> None:
+    from django.db import connections
+
+    connections.close_all()
+    with _pg() as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{DB}" WITH (FORCE)')
+
+
+# --- data --------------------------------------------------------------------------------------
+
+
+def make_data() -> tuple[int, list[str]]:
+    """One viewer, CLIENTS sessions, one broker, CHANNELS channels; returns (broker id, keys)."""
+    from django.contrib.auth import BACKEND_SESSION_KEY, HASH_SESSION_KEY, SESSION_KEY
+    from django.contrib.auth.models import Group, User
+    from django.contrib.sessions.backends.db import SessionStore
+
+    from channels_registry.models import Broker, Channel
+
+    user = User.objects.create_user("bench-viewer", password=uuid.uuid4().hex)
+    user.groups.add(Group.objects.get(name="viewer"))
+    keys = []
+    for _ in range(CLIENTS):
+        session = SessionStore()
+        session[SESSION_KEY] = str(user.pk)
+        session[BACKEND_SESSION_KEY] = "django.contrib.auth.backends.ModelBackend"
+        session[HASH_SESSION_KEY] = user.get_session_auth_hash()
+        session.create()
+        assert session.session_key is not None
+        keys.append(session.session_key)
+    os.environ["BENCH_LIVE_URL"] = "redis://bench.invalid:6379/0"  # never used: synthetic
+    broker = Broker.objects.create(name="bench-live", kind="redis", url_env="BENCH_LIVE_URL")
+    Channel.objects.bulk_create(
+        [
+            Channel(
+                broker=broker,
+                name=f"Bench channel {i:04d}",
+                slug=f"bench-{i:04d}",
+                address=f"bench.{i:04d}",
+                address_group="workers",
+                owner_team=f"team-{i % 10}",
+                semantic="at-least-once",
+                dlq_address=f"bench.{i:04d}.dlq",
+                alert_dlq_depth=0,
+                alert_lag_messages=10_000,
+            )
+            for i in range(CHANNELS)
+        ],
+        batch_size=500,
+    )
+    return broker.pk, keys
+
+
+class SyntheticAdapter:
+    """Stands in for a broker: every address exists; the first CHANGED channels report
+    in-flight = the current cycle, so exactly those rows change (and are pushed) each cycle."""
+
+    def __init__(self, cycle: list[int]) -> None:
+        self.cycle = cycle
+
+    def poll(self, addresses: Any) -> Any:
+        from brokers.base import ChannelStats, PollResult
+
+        stats = {}
+        for address in addresses:
+            index = int(address.name.split(".")[1]) if address.name.count(".") == 1 else -1
+            moving = 0 <= index < CHANGED
+            stats[address] = ChannelStats(
+                address=address,
+                backlog=1000 + index if address.group else None,
+                in_flight=self.cycle[0] if moving and address.group else 0,
+                retained=77_777 if not address.group else 2000,
+                consumers=2,
+                active_consumers=2,
+                produced=100 * self.cycle[0],
+                acked=100 * self.cycle[0],
+            )
+        return PollResult(stats, round_trips=1, duration_s=0.001)
+
+    def inspect(self, addresses: Any) -> dict[Any, Any]:
+        return {}
+
+
+# --- the server --------------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind((HOST, 0))
+        return int(s.getsockname()[1])
+
+
+def rss_mib(pid: int) -> float:
+    with open(f"/proc/{pid}/status", encoding="ascii") as fh:
+        for line in fh:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def start_server(port: int, log: Any) -> subprocess.Popen[bytes]:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "daphne", "-b", HOST, "-p", str(port), "dashboard.asgi:application"],
+        env=_server_env(),
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"daphne exited with {proc.returncode}")
+        with contextlib.suppress(OSError), socket.create_connection((HOST, port), timeout=1):
+            return proc
+        time.sleep(0.2)
+    proc.kill()
+    raise RuntimeError("daphne did not listen within 60 s")
+
+
+# --- a minimal websocket client (RFC 6455, client side) --------------------------------------
+
+
+class WsClient:
+    def __init__(self, port: int, session_key: str) -> None:
+        self.port, self.session_key = port, session_key
+        self.received: list[tuple[float, int, int]] = []  # (time, cycle, rows)
+        self.messages = 0
+        self.bytes = 0
+        self.error = ""
+
+    async def connect(self) -> None:
+        self.reader, self.writer = await asyncio.wait_for(
+            asyncio.open_connection(HOST, self.port), 10
+        )
+        key = base64.b64encode(os.urandom(16)).decode()
+        request = (
+            f"GET /ws/board/ HTTP/1.1\r\nHost: {HOST}:{self.port}\r\nUpgrade: websocket\r\n"
+            f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n"
+            f"Origin: http://{HOST}:{self.port}\r\nCookie: sessionid={self.session_key}\r\n\r\n"
+        )
+        self.writer.write(request.encode())
+        await self.writer.drain()
+        head = await asyncio.wait_for(self.reader.readuntil(b"\r\n\r\n"), 10)
+        if b" 101 " not in head.split(b"\r\n", 1)[0]:
+            raise RuntimeError(f"handshake refused: {head[:80]!r}")
+
+    def _send(self, opcode: int, payload: bytes) -> None:
+        mask = os.urandom(4)
+        n = len(payload)
+        header = bytes([0x80 | opcode])
+        if n < 126:
+            header += bytes([0x80 | n])
+        elif n < 65536:
+            header += bytes([0x80 | 126]) + struct.pack("!H", n)
+        else:
+            header += bytes([0x80 | 127]) + struct.pack("!Q", n)
+        masked = bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
+        self.writer.write(header + mask + masked)
+
+    async def _message(self) -> tuple[int, bytes]:
+        parts: list[bytes] = []
+        while True:
+            b1, b2 = await self.reader.readexactly(2)
+            fin, opcode, n = b1 & 0x80, b1 & 0x0F, b2 & 0x7F
+            if n == 126:
+                n = struct.unpack("!H", await self.reader.readexactly(2))[0]
+            elif n == 127:
+                n = struct.unpack("!Q", await self.reader.readexactly(8))[0]
+            if b2 & 0x80:  # servers do not mask; tolerate it anyway
+                mask = await self.reader.readexactly(4)
+                data = bytes(
+                    b ^ mask[i % 4] for i, b in enumerate(await self.reader.readexactly(n))
+                )
+            else:
+                data = await self.reader.readexactly(n)
+            if opcode == 0x9:
+                self._send(0xA, data)
+                continue
+            if opcode == 0xA:
+                continue
+            if opcode == 0x8:
+                return 0x8, data
+            parts.append(data)
+            if fin:
+                return opcode, b"".join(parts)
+
+    async def listen(self, until: float) -> None:
+        try:
+            while time.monotonic() < until:
+                remaining = until - time.monotonic()
+                try:
+                    opcode, data = await asyncio.wait_for(self._message(), remaining)
+                except TimeoutError:
+                    return
+                now = time.time()
+                if opcode == 0x8:
+                    self.error = f"closed by server: {data[:2].hex()}"
+                    return
+                self.messages += 1
+                self.bytes += len(data)
+                # The moving rows show in-flight = their cycle (a cell no other value can
+                # match: every other number on a row is ≥ 1,000 or not a plain integer). One
+                # message holds at most a few cycles: find one, count it and its neighbours
+                # (a client that fell behind gets several coalesced).
+                match = _MOVING.search(data)
+                if match is None:
+                    continue
+                found = int(match.group(1))
+                for cycle in range(max(1, found - 2), found + 3):
+                    rows = data.count(b'<td class="n">%d</td>' % cycle)
+                    if rows:
+                        self.received.append((now, cycle, rows))
+        except (OSError, asyncio.IncompleteReadError) as exc:
+            self.error = f"{type(exc).__name__}: {exc}"
+
+    async def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self._send(0x8, struct.pack("!H", 1000))
+            await asyncio.wait_for(self.writer.drain(), 2)
+            self.writer.close()
+            await asyncio.wait_for(self.writer.wait_closed(), 2)
+
+
+# --- the run -------------------------------------------------------------------------------------
+
+
+def poller(broker_id: int, cycle: list[int], done: threading.Event) -> None:
+    from django.db import connection
+
+    from channels_registry.polling import do_poll_broker
+
+    try:
+        for n in range(1, CYCLES + 1):
+            started = time.monotonic()
+            cycle[0] = n
+            outcome = do_poll_broker(broker_id, force=True)
+            if outcome.status != "ok":
+                print(f"  poll {n}: {outcome.status} {outcome.errors[:1]}")
+            print(
+                f"  cycle {n}: poll+commit+push {time.monotonic() - started:.2f} s,"
+                f" {len(outcome.changed)} rows changed"
+            )
+            done.wait(max(0.0, INTERVAL_S - (time.monotonic() - started)))
+    finally:
+        connection.close()
+        done.set()
+
+
+def percentile(values: list[tuple[float, int]], q: float) -> float:
+    """Weighted percentile of (value, weight) pairs."""
+    ordered = sorted(values)
+    total = sum(w for _, w in ordered)
+    running = 0
+    for value, weight in ordered:
+        running += weight
+        if running >= q * total:
+            return value
+    return float("nan")
+
+
+async def run_clients(
+    port: int, keys: list[str], server: subprocess.Popen[bytes], broker_id: int
+) -> None:
+    from channels_registry import polling
+    from dashboard import live
+
+    cycle = [0]
+    commits: dict[int, float] = {}
+    real_push = live.push_board_rows
+
+    def timed_push(ids: Any) -> int:
+        commits[cycle[0]] = time.time()  # called by on_commit: right after the commit
+        return real_push(ids)
+
+    live.push_board_rows = timed_push  # type: ignore[assignment]
+    polling.get_adapter = lambda *a, **k: SyntheticAdapter(cycle)  # type: ignore[assignment]
+
+    rss_idle = rss_mib(server.pid)
+    clients = [WsClient(port, key) for key in keys]
+    gate = asyncio.Semaphore(50)
+
+    async def connect(client: WsClient) -> None:
+        async with gate:
+            try:
+                await client.connect()
+            except Exception as exc:
+                client.error = f"connect: {exc}"
+
+    started = time.monotonic()
+    await asyncio.gather(*(connect(c) for c in clients))
+    connected = [c for c in clients if not c.error]
+    print(
+        f"{len(connected)}/{len(clients)} clients connected in {time.monotonic() - started:.1f} s;"
+        f" server RSS {rss_mib(server.pid):.0f} MiB (idle {rss_idle:.0f} MiB)"
+    )
+    until = time.monotonic() + CYCLES * INTERVAL_S + 15
+    listeners = [asyncio.ensure_future(c.listen(until)) for c in connected]
+    done = threading.Event()
+    rss_samples: list[float] = []
+    thread = threading.Thread(target=poller, args=(broker_id, cycle, done), daemon=True)
+    thread.start()
+    while not done.is_set() and time.monotonic() < until:
+        rss_samples.append(rss_mib(server.pid))
+        await asyncio.sleep(0.5)
+    await asyncio.sleep(min(10.0, max(0.0, until - time.monotonic())))  # stragglers
+    for task in listeners:
+        task.cancel()
+    await asyncio.gather(*listeners, return_exceptions=True)
+    rss_samples.append(rss_mib(server.pid))
+    await asyncio.gather(*(c.close() for c in connected))
+    thread.join(5)
+
+    latencies: list[tuple[float, int]] = []
+    rows_received = 0
+    unmatched = 0
+    for client in connected:
+        for t, n, rows in client.received:
+            if n in commits:
+                latencies.append((t - commits[n], rows))
+                rows_received += rows
+            else:
+                unmatched += rows
+    expected = len(connected) * CHANGED * len(commits)
+    errors = [c.error for c in clients if c.error]
+    mib = sum(c.bytes for c in connected) / 2**20
+    print(
+        f"clients={len(connected)} channels={CHANNELS} changed/cycle={CHANGED}"
+        f" cycles={len(commits)} interval={INTERVAL_S:g}s"
+    )
+    print(
+        f"rows received {rows_received:,} of {expected:,} expected"
+        f" ({100 * rows_received / max(1, expected):.1f} %), unmatched {unmatched},"
+        f" {sum(c.messages for c in connected):,} messages, {mib:,.0f} MiB"
+    )
+    if latencies:
+        p50, p95 = percentile(latencies, 0.5), percentile(latencies, 0.95)
+        worst = max(v for v, _ in latencies)
+        print(f"commit → receipt: p50 {p50:.3f} s  p95 {p95:.3f} s  max {worst:.3f} s")
+    print(
+        f"server RSS: idle {rss_idle:.0f} MiB, peak {max(rss_samples):.0f} MiB,"
+        f" end {rss_samples[-1]:.0f} MiB (median during run {statistics.median(rss_samples):.0f})"
+    )
+    if errors:
+        print(f"client errors: {len(errors)}, e.g. {errors[0]}")
+
+
+def main() -> None:
+    print(f"bench.live: {CLIENTS} clients, {CHANNELS} channels, {CYCLES} cycles (db {DB})")
+    setup_django()
+    server = None
+    log = tempfile.NamedTemporaryFile(  # noqa: SIM115 (closed in the finally below)
+        "w+b", prefix="bench-live-daphne-", suffix=".log", delete=False
+    )
+    try:
+        from channels_registry import polling
+        from channels_registry.polling import do_poll_broker
+
+        broker_id, keys = make_data()
+        polling.get_adapter = lambda *a, **k: SyntheticAdapter([0])  # type: ignore[assignment]
+        do_poll_broker(broker_id, force=True)  # first health rows, before anyone listens
+        port = free_port()
+        server = start_server(port, log)
+        asyncio.run(run_clients(port, keys, server, broker_id))
+    finally:
+        if server is not None:
+            server.terminate()
+            try:
+                server.wait(10)
+            except subprocess.TimeoutExpired:
+                server.kill()
+                server.wait(5)
+        log.close()
+        drop_database()
+        print(f"server log: {log.name}")
+
+
+if __name__ == "__main__":
+    main()
