@@ -50,6 +50,7 @@ log = logging.getLogger(__name__)
 
 BATCH_SIZE = 500
 FETCH_WAIT_S = 1.0
+TOP_UP_WAIT_S = 0.05
 SEARCH_TEXT_LIMIT = 4000
 # Where producers and consumers commonly put the error of a failed message (Spring AMQP,
 # MassTransit, our Redis convention, plain names). The first present header wins.
@@ -385,6 +386,13 @@ def ingest_channel(
                 letters = session.fetch(batch_size, FETCH_WAIT_S)
                 if not letters:
                     break
+                # Top the batch up with what is already arriving: fuller batches mean fewer
+                # transactions (adapters return what they have without waiting for more).
+                while len(letters) < batch_size:
+                    more = session.fetch(batch_size - len(letters), TOP_UP_WAIT_S)
+                    if not more:
+                        break
+                    letters.extend(more)
                 inserted, duplicates = store_batch(channel, letters, source, address)
                 if _crash_after_commit_requested():
                     os._exit(137)

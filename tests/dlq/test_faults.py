@@ -1,0 +1,246 @@
+"""Ingest under faults, against the real RabbitMQ and PostgreSQL on loopback.
+
+The ingester runs as a subprocess (``manage.py ingest --once``) on its own PostgreSQL database,
+so it can be killed for real. Each test publishes 10,000 dead letters (distinct bodies, some
+binary, x-death headers) straight into a DLQ queue, injects one fault, re-runs the ingester to
+completion and checks: exactly 10,000 distinct entries, byte-identical bodies, empty DLQ.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = [pytest.mark.slow, pytest.mark.broker, pytest.mark.timeout(600)]
+
+ROOT = Path(__file__).resolve().parents[2]
+AMQP_URL = os.environ.get("DLO_TEST_RABBITMQ_URL", "amqp://guest:guest@127.0.0.1:5672/%2F")
+PG = os.environ.get("DLO_TEST_PG_ADMIN_URL", "postgres://postgres@127.0.0.1:5432/postgres")
+COUNT = 10_000
+
+
+def _pg(dbname: str = "postgres") -> Any:
+    import psycopg
+
+    return psycopg.connect(PG.rsplit("/", 1)[0] + "/" + dbname, autocommit=True)
+
+
+@pytest.fixture
+def fault_env() -> Iterator[dict[str, Any]]:
+    """A fresh PostgreSQL database migrated by a subprocess, a DLQ queue and a channel on it."""
+    from tests.conftest import broker_required
+
+    try:
+        import pika
+
+        pika.BlockingConnection(pika.URLParameters(AMQP_URL)).close()
+        _pg().close()
+    except Exception as exc:  # noqa: BLE001 - any connection failure means "not reachable"
+        broker_required("RabbitMQ/PostgreSQL", exc)
+    db = f"h4_fault_{uuid.uuid4().hex[:8]}"
+    queue = f"h4.fault.{uuid.uuid4().hex[:8]}.dlq"
+    with _pg() as conn:
+        conn.execute(f'CREATE DATABASE "{db}"')
+    env = {
+        **os.environ,
+        "DATABASE_URL": PG.rsplit("/", 1)[0] + "/" + db,
+        "DATABASE_CONN_MAX_AGE": "0",
+        "FAULT_RABBIT_URL": AMQP_URL,
+        "DJANGO_SETTINGS_MODULE": "dashboard.settings",
+    }
+    env.pop("DLO_TEST_CRASH_AFTER_COMMIT", None)
+    manage = [sys.executable, str(ROOT / "manage.py")]
+    subprocess.run([*manage, "migrate", "-v0"], env=env, cwd=ROOT, check=True)
+    setup = (
+        "from channels_registry.models import Broker, Channel;"
+        "b = Broker.objects.create(name='fault', kind='rabbitmq', url_env='FAULT_RABBIT_URL');"
+        "Channel.objects.create(broker=b, name='Fault', slug='fault', address='fault.main',"
+        f" dlq_address='{queue}', semantic='at-least-once', idempotency_source='message-id')"
+    )
+    subprocess.run([*manage, "shell", "-c", setup], env=env, cwd=ROOT, check=True)
+    expected = _publish(queue)
+    yield {"env": env, "db": db, "queue": queue, "expected": expected, "manage": manage}
+    _delete_queue(queue)
+    with _pg() as conn:
+        conn.execute(f'ALTER DATABASE "{db}" ALLOW_CONNECTIONS true')
+        conn.execute(f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)')
+
+
+def _publish(queue: str) -> set[str]:
+    """10,000 distinct dead letters; returns the sha256 of every body."""
+    import pika
+
+    connection = pika.BlockingConnection(pika.URLParameters(AMQP_URL))
+    channel = connection.channel()
+    channel.queue_declare(queue, durable=True)
+    rng = random.Random(4)
+    hashes = set()
+    for i in range(COUNT):
+        if i % 10 == 0:
+            body = rng.randbytes(64) + i.to_bytes(4, "big")  # binary, not UTF-8 text
+        else:
+            body = b'{"order": %d, "pad": "%s"}' % (i, rng.randbytes(8).hex().encode())
+        hashes.add(hashlib.sha256(body).hexdigest())
+        death = {
+            "count": 3,
+            "reason": "rejected",
+            "queue": "fault.main",
+            "exchange": "",
+            "routing-keys": ["fault.main"],
+            "time": dt.datetime.now(dt.UTC).replace(microsecond=0),
+        }
+        channel.basic_publish(
+            "",
+            queue,
+            body,
+            pika.BasicProperties(
+                delivery_mode=2,
+                message_id=f"m-{i}",
+                content_type="application/json" if i % 10 else "application/octet-stream",
+                headers={
+                    "x-death": [death],
+                    "x-first-death-queue": "fault.main",
+                    "x-first-death-reason": "rejected",
+                    "x-first-death-exchange": "",
+                    "x-exception-class": "OrderNotFound" if i % 2 else "Timeout",
+                    "x-exception-message": f"order {i} failed",
+                },
+            ),
+        )
+    connection.close()
+    assert len(hashes) == COUNT
+    _wait_depth(queue, COUNT)
+    return hashes
+
+
+def _depth(queue: str) -> int:
+    import pika
+
+    connection = pika.BlockingConnection(pika.URLParameters(AMQP_URL))
+    try:
+        return int(connection.channel().queue_declare(queue, passive=True).method.message_count)
+    finally:
+        connection.close()
+
+
+def _wait_depth(queue: str, wanted: int, timeout: float = 20.0) -> int:
+    deadline = time.monotonic() + timeout
+    depth = _depth(queue)
+    while depth != wanted and time.monotonic() < deadline:
+        time.sleep(0.2)
+        depth = _depth(queue)
+    return depth
+
+
+def _delete_queue(queue: str) -> None:
+    import pika
+
+    connection = pika.BlockingConnection(pika.URLParameters(AMQP_URL))
+    connection.channel().queue_delete(queue)
+    connection.close()
+
+
+def _rows(db: str) -> int:
+    with _pg(db) as conn:
+        return int(conn.execute("SELECT count(*) FROM dlq_deadletter").fetchone()[0])
+
+
+def _ingest(fault: dict[str, Any], **extra_env: str) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [*fault["manage"], "ingest", "--once", "--channel", "fault"],
+        env={**fault["env"], **extra_env},
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+
+def _assert_complete(fault: dict[str, Any]) -> None:
+    with _pg(fault["db"]) as conn:
+        rows = conn.execute("SELECT dedupe_key, body, body_sha256 FROM dlq_deadletter").fetchall()
+    assert len(rows) == COUNT
+    assert len({r[0] for r in rows}) == COUNT
+    assert {hashlib.sha256(bytes(r[1])).hexdigest() for r in rows} == fault["expected"]
+    assert all(hashlib.sha256(bytes(r[1])).hexdigest() == r[2] for r in rows)
+    assert _wait_depth(fault["queue"], 0) == 0
+
+
+def _run_to_completion(fault: dict[str, Any]) -> str:
+    done = subprocess.run(
+        [*fault["manage"], "ingest", "--once", "--channel", "fault"],
+        env=fault["env"],
+        cwd=ROOT,
+        capture_output=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr.decode()[-2000:]
+    return done.stdout.decode()
+
+
+def _wait_rows(db: str, proc: subprocess.Popen[bytes], at_least: int) -> int:
+    deadline = time.monotonic() + 60
+    rows = _rows(db)
+    while rows < at_least and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+        rows = _rows(db)
+    return rows
+
+
+def test_kill_9_at_a_random_point_loses_and_duplicates_nothing(fault_env: dict[str, Any]) -> None:
+    proc = _ingest(fault_env)
+    _wait_rows(fault_env["db"], proc, random.randint(1, 5000))
+    time.sleep(random.uniform(0, 0.3))
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL, "the ingester finished before the kill"
+    killed_at = _rows(fault_env["db"])
+    assert 0 < killed_at < COUNT
+    # The broker still has everything not acknowledged (at least what was not committed).
+    assert _wait_depth(fault_env["queue"], -1, timeout=2) >= COUNT - killed_at
+    _run_to_completion(fault_env)
+    _assert_complete(fault_env)
+
+
+def test_crash_between_commit_and_ack_is_deduplicated(fault_env: dict[str, Any]) -> None:
+    proc = _ingest(fault_env, DLO_TEST_CRASH_AFTER_COMMIT="1")
+    proc.wait(timeout=120)
+    assert proc.returncode == 137
+    committed = _rows(fault_env["db"])
+    assert 0 < committed <= 500  # one batch committed ...
+    assert _wait_depth(fault_env["queue"], COUNT) == COUNT  # ... and none acknowledged
+    out = _run_to_completion(fault_env)
+    assert f"{COUNT} fetched, {COUNT - committed} new, {committed} duplicates" in out
+    _assert_complete(fault_env)
+
+
+def test_database_lost_mid_drain_acks_nothing_uncommitted(fault_env: dict[str, Any]) -> None:
+    db = fault_env["db"]
+    proc = _ingest(fault_env)
+    _wait_rows(db, proc, 1000)
+    with _pg() as conn:  # the database goes away under the ingester
+        conn.execute(f'ALTER DATABASE "{db}" ALLOW_CONNECTIONS false')
+        conn.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s", [db]
+        )
+    proc.wait(timeout=120)
+    assert proc.returncode != 0
+    with _pg() as conn:
+        conn.execute(f'ALTER DATABASE "{db}" ALLOW_CONNECTIONS true')
+    committed = _rows(db)
+    assert 0 < committed < COUNT
+    # Only committed batches were acknowledged: the broker kept every other message.
+    assert _wait_depth(fault_env["queue"], COUNT - committed) == COUNT - committed
+    _run_to_completion(fault_env)
+    _assert_complete(fault_env)
