@@ -197,7 +197,13 @@ CHANNEL_LAYERS = {
     "default": (
         {
             "BACKEND": "channels_redis.core.RedisChannelLayer",
-            "CONFIG": {"hosts": [REDIS_URL], "capacity": 1000, "expiry": 30},
+            # redis-py 8 times sockets out after 5 s by default, which kills channels_redis's
+            # blocking receive and every idle websocket with it (channels_redis #422).
+            "CONFIG": {
+                "hosts": [{"address": REDIS_URL, "socket_timeout": None}],
+                "capacity": 1000,
+                "expiry": 30,
+            },
         }
         if REDIS_URL
         else {"BACKEND": "channels.layers.InMemoryChannelLayer", "CONFIG": {"capacity": 1000}}
@@ -268,5 +274,6 @@ LOGGING = {
         # One line per broker HTTP call drowns the summaries of poll and ingest.
         "httpx": {"level": "WARNING"},
         "httpcore": {"level": "WARNING"},
+        "pika": {"level": "WARNING"},
     },
 }

@@ -59,7 +59,7 @@ def channel_layer_redis(settings: Any) -> Iterator[None]:
     settings.CHANNEL_LAYERS = {
         "default": {
             "BACKEND": "channels_redis.core.RedisChannelLayer",
-            "CONFIG": {"hosts": [LAYER_URL]},
+            "CONFIG": {"hosts": [{"address": LAYER_URL, "socket_timeout": None}]},
         }
     }
     from channels.layers import channel_layers

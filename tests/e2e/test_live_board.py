@@ -58,10 +58,21 @@ def test_board_row_turns_stopped_live(
 
     tab = journey("oncall-live")
     tab.sign_in("otto", PASSWORD)
+    tab.go("/channels/")  # signing in landed on the board: leave it before counting sockets
+    sockets: list[Any] = []
+    tab.page.on("websocket", lambda ws: sockets.append(ws) if "/ws/board/" in ws.url else None)
     tab.go("/")
     row = tab.page.locator(f"#ch-{channel.pk}")
     assert "STOPPED" not in row.inner_text().upper()
     tab.wait_until(lambda: tab.page.evaluate("document.getElementById('board').__dloOpen"))
+    # An idle socket must stay open: redis-py 8's default 5 s socket timeout used to make the
+    # Redis channel layer drop every board socket that had nothing to say for 5 s.
+    tab.page.wait_for_timeout(500)
+    before = len(sockets)
+    live = [ws for ws in sockets if not ws.is_closed()]
+    tab.page.wait_for_timeout(6500)
+    assert len(live) == 1 and not live[0].is_closed(), "the idle board socket was dropped"
+    assert len(sockets) == before, "the board had to reconnect"
 
     for i in range(25):
         amqp.basic_publish("", queue, f'{{"n": {i}}}'.encode())
