@@ -31,8 +31,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from django.conf import settings
-from django.db import transaction
-from django.db.models import F
+from django.db import connection, transaction
+from django.db.models import F, JSONField
 from django.db.models.functions import Greatest, Least
 from django.utils import timezone
 
@@ -51,6 +51,7 @@ log = logging.getLogger(__name__)
 BATCH_SIZE = 500
 FETCH_WAIT_S = 1.0
 TOP_UP_WAIT_S = 0.05
+DRAINED_WAIT_S = 0.25
 SEARCH_TEXT_LIMIT = 4000
 # Where producers and consumers commonly put the error of a failed message (Spring AMQP,
 # MassTransit, our Redis convention, plain names). The first present header wins.
@@ -151,8 +152,12 @@ def _text(value: Any, limit: int) -> str:
     return text.replace("\x00", "\ufffd")[:limit]
 
 
-def _first_header(headers: dict[str, Any], names: Sequence[str]) -> Any:
-    lowered = {k.lower(): v for k, v in headers.items()}
+def _lower(headers: dict[str, Any]) -> dict[str, Any]:
+    """Header lookups are case-insensitive: key the headers in lower case once per message."""
+    return {k.lower(): v for k, v in headers.items()}
+
+
+def _first_header(lowered: dict[str, Any], names: Sequence[str]) -> Any:
     for name in names:
         if name.lower() in lowered:
             return lowered[name.lower()]
@@ -175,7 +180,7 @@ def read_idempotency_key(
     source, where = channel.idempotency_source, channel.idempotency_key
     value: Any = None
     if source == IdempotencySource.HEADER and where:
-        value = _first_header(headers, [where])
+        value = _first_header(_lower(headers), [where])
     elif source == IdempotencySource.PROPERTY:
         value = properties.get("message_id")
     elif source == IdempotencySource.JSON_PATH and render.is_parsed(document):
@@ -228,11 +233,13 @@ def build_entry(
     ):
         source = Source.POISON
     visible_headers = redaction.redact_headers(headers, channel)
-    reason = _text(letter.reason or _first_header(headers, ["reason", "x-first-death-reason"]), 100)
-    error_class = _text(_first_header(visible_headers, ERROR_CLASS_HEADERS), 300)
-    error_message = _text(_first_header(visible_headers, ERROR_MESSAGE_HEADERS), 10_000)
+    lowered = _lower(headers)
+    visible_lowered = lowered if visible_headers is headers else _lower(visible_headers)
+    reason = _text(letter.reason or _first_header(lowered, ["reason", "x-first-death-reason"]), 100)
+    error_class = _text(_first_header(visible_lowered, ERROR_CLASS_HEADERS), 300)
+    error_message = _text(_first_header(visible_lowered, ERROR_MESSAGE_HEADERS), 10_000)
     idem = read_idempotency_key(channel, headers, properties, document)
-    schema = _first_header(headers, SCHEMA_VERSION_HEADERS)
+    schema = _first_header(lowered, SCHEMA_VERSION_HEADERS)
     if schema is None and isinstance(document, dict):
         schema = document.get("schema_version", document.get("schemaVersion"))
     if isinstance(document, dict | list) and channel.redact_json_paths:
@@ -290,16 +297,7 @@ def store_batch(
         for entry, fp in unique.values():
             entry.group_id = groups[fp].pk
         link_replayed_parents(entry for entry, _ in unique.values())
-        DeadLetter.objects.bulk_create(
-            [entry for entry, _ in unique.values()], batch_size=BATCH_SIZE, ignore_conflicts=True
-        )
-        # Rows inserted by this batch carry its exact timestamp; earlier copies (a crash before
-        # the ack) carry an older one. The channel lock rules out a concurrent batch.
-        stored = dict(
-            DeadLetter.objects.filter(dedupe_key__in=list(unique), ingested_at=now).values_list(
-                "dedupe_key", "id"
-            )
-        )
+        stored = _insert_new([entry for entry, _ in unique.values()], now)
         new = {key: unique[key] for key in stored}
         _count_into_groups(groups, new, stored)
         inserted, duplicates = len(new), len(letters) - len(new)
@@ -321,6 +319,51 @@ def store_batch(
             },
         )
     return inserted, duplicates
+
+
+def _insert_new(entries: list[DeadLetter], now: dt.datetime) -> dict[str, int]:
+    """INSERT … ON CONFLICT (dedupe_key) DO NOTHING; return {dedupe_key: id} of the rows this
+    call inserted (not the ones already stored)."""
+    if connection.vendor != "postgresql":  # SQLite: the ORM's INSERT … ON CONFLICT DO NOTHING
+        DeadLetter.objects.bulk_create(entries, batch_size=BATCH_SIZE, ignore_conflicts=True)
+        # Rows inserted by this batch carry its exact timestamp; earlier copies (a crash before
+        # the ack) carry an older one. The caller's channel lock rules out a concurrent batch.
+        keys = [e.dedupe_key for e in entries]
+        return dict(
+            DeadLetter.objects.filter(dedupe_key__in=keys, ingested_at=now).values_list(
+                "dedupe_key", "id"
+            )
+        )
+    from psycopg.types.json import Jsonb
+
+    # PostgreSQL: the same statement, fed by COPY into a per-connection staging table, because
+    # compiling a 500-row INSERT through the ORM costs more than the database's own work
+    # (bench/ingest.py), and RETURNING hands back exactly the inserted rows.
+    fields = [f for f in DeadLetter._meta.concrete_fields if not f.primary_key]
+    columns = ", ".join(connection.ops.quote_name(f.column or f.attname) for f in fields)
+    table = DeadLetter._meta.db_table
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"CREATE TEMP TABLE IF NOT EXISTS dlq_ingest_stage ON COMMIT DELETE ROWS AS "
+            f"SELECT {columns} FROM {table} WITH NO DATA"
+        )
+        raw = cursor.cursor  # psycopg's own cursor, for COPY
+        # Values go to COPY as they are (psycopg adapts them), JSON wrapped as jsonb.
+        json_attrs = {f.attname for f in fields if isinstance(f, JSONField)}
+        attnames = [f.attname for f in fields]
+        with raw.copy(f"COPY dlq_ingest_stage ({columns}) FROM STDIN") as copy:
+            for entry in entries:
+                values = entry.__dict__
+                copy.write_row(
+                    [Jsonb(values[a]) if a in json_attrs else values[a] for a in attnames]
+                )
+        cursor.execute(
+            f"INSERT INTO {table} ({columns}) SELECT {columns} FROM dlq_ingest_stage "
+            "ON CONFLICT (dedupe_key) DO NOTHING RETURNING dedupe_key, id"
+        )
+        inserted = dict(cursor.fetchall())
+        cursor.execute("TRUNCATE dlq_ingest_stage")
+    return inserted
 
 
 def _groups_for(
@@ -382,8 +425,9 @@ def ingest_channel(
     for address, source in drain_addresses(channel):
         adapter.prepare_drain(address)
         with adapter.drain(address) as session:
+            wait_s = FETCH_WAIT_S
             while result.batches < max_batches:
-                letters = session.fetch(batch_size, FETCH_WAIT_S)
+                letters = session.fetch(batch_size, wait_s)
                 if not letters:
                     break
                 # Top the batch up with what is already arriving: fuller batches mean fewer
@@ -391,6 +435,8 @@ def ingest_channel(
                 while len(letters) < batch_size:
                     more = session.fetch(batch_size - len(letters), TOP_UP_WAIT_S)
                     if not more:
+                        # Probably drained: the next fetch need not wait as long to say so.
+                        wait_s = DRAINED_WAIT_S
                         break
                     letters.extend(more)
                 inserted, duplicates = store_batch(channel, letters, source, address)

@@ -53,7 +53,7 @@ def test_database_failure_means_no_ack(
     def broken(*args: Any, **kwargs: Any) -> Any:
         raise DatabaseError("connection lost")
 
-    monkeypatch.setattr(DeadLetter.objects, "bulk_create", broken)
+    monkeypatch.setattr(ingest, "_insert_new", broken)
     with pytest.raises(DatabaseError):
         do_ingest_channel(channel.pk)
     assert fake_adapter.acked == []
