@@ -26,6 +26,7 @@ from typing import Any
 
 from django.db.models import Count
 
+from alerts.evaluate import do_evaluate_alerts
 from channels_registry.models import BrokerKind, Channel
 from channels_registry.polling import do_poll_broker
 from dashboard.demo import consumers as c
@@ -289,6 +290,15 @@ class Ops:
     def run_once(self) -> None:
         self.poll()
         self.ingest()
+        self.evaluate_alerts()
+
+    def evaluate_alerts(self) -> None:
+        """As the periodic job does, so the demo's DLQ inflow and lag page without make run."""
+        try:
+            do_evaluate_alerts()
+        except Exception as exc:  # logged and retried at the next tick, like the scheduler
+            log.exception("demo alert evaluation failed")
+            self.errors.append(f"alerts: {exc}")
 
     def poll(self) -> None:
         for broker_id in self.broker_ids:

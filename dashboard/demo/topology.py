@@ -29,8 +29,7 @@ from channels_registry.actions import do_save_broker, do_save_channel
 from channels_registry.models import Broker, BrokerKind, Channel, redact_url
 from dashboard.demo.consumers import nats_connect
 
-#: kind → (URL variable, default URL). The demo sets the variable in its own process when it
-#: is unset, so its in-process poller resolves the Broker's ``url_env``.
+#: kind → (URL variable, default URL): where the demo looks for each broker.
 URL_ENV: dict[str, tuple[str, str]] = {
     BrokerKind.RABBITMQ: ("DEMO_RABBITMQ_URL", "amqp://guest:guest@127.0.0.1:5672/%2F"),
     BrokerKind.REDIS: ("DEMO_REDIS_URL", "redis://127.0.0.1:6379/0"),
@@ -244,8 +243,11 @@ def declare(found: Found, names: Names, actor: Actor) -> Declared:
     changed: list[str] = []
     wanted_broker = {
         "kind": found.kind,
-        "url_env": found.url_env,
-        "url_secret": "",
+        # Stored, not by reference: any process on this database (make run's scheduler, a
+        # Celery worker) can then poll the demo brokers without the demo's environment. The
+        # URLs are loopback demo credentials; real brokers should use url_env.
+        "url_env": "",
+        "url_secret": found.url,
         "management_url": found.management_url,
         "enabled": True,
         "poll_interval_s": 5,
@@ -258,9 +260,10 @@ def declare(found: Found, names: Names, actor: Actor) -> Declared:
         changed.append(f"broker {names.broker} declared")
     else:
         before = broker.audit_snapshot()
+        old_secret = broker.url_secret
         for field, value in wanted_broker.items():
             setattr(broker, field, value)
-        if broker.audit_snapshot() != before:
+        if broker.audit_snapshot() != before or broker.url_secret != old_secret:
             do_save_broker(broker, actor=actor, before=before)
             changed.append(f"broker {names.broker} updated")
     wanted = {"broker": broker, **contract(names)}

@@ -225,6 +225,11 @@ def test_demo_declaration_is_clean_audited_and_idempotent(kind: str) -> None:
     assert Broker.objects.count() == 1 and Channel.objects.count() == 1
     actions = list(AuditEvent.objects.order_by("seq").values_list("action", flat=True))
     assert actions == ["registry.broker.create", "registry.channel.create"]
+    # Any process on the database (make run, a worker) can poll it, without the demo's env.
+    assert Broker.objects.get().connection_url() == url
+    moved = topology.Found(kind, env, url.replace("127.0.0.1", "localhost"), reachable=True)
+    assert topology.declare(moved, names, Actor.system("demo")).changed != []
+    assert Broker.objects.get().connection_url() == moved.url
 
 
 # --- a short run on the real brokers -------------------------------------------------------

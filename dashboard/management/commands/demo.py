@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import signal
 import threading
 import time
@@ -75,12 +74,7 @@ class Command(BaseCommand):
                 " point DEMO_RABBITMQ_URL / DEMO_REDIS_URL / DEMO_NATS_URL at one."
             )
 
-        # 2. The URLs by reference: set for this process (the in-process poller reads them).
-        preset = {f.url_env for f in reachable if os.environ.get(f.url_env)}
-        for item in reachable:
-            os.environ.setdefault(item.url_env, item.url)
-            if item.management_url:
-                os.environ.setdefault(topology.MANAGEMENT_ENV[0], item.management_url)
+        # 2. (The demo brokers store their loopback URLs, so every process can poll them.)
 
         # 3. Topology, then declarations (audited, idempotent).
         actor = Actor.system("demo")
@@ -99,14 +93,8 @@ class Command(BaseCommand):
             findings = result.channel.error_count + result.channel.warning_count
             self.stdout.write(f"  {names.slug}: {changes}; {findings} declaration finding(s)")
         self.stdout.write(
-            "A separate web process (make run) can poll these brokers only with the same"
-            " variables (docs/demo.md):\n"
-            + "\n".join(
-                f"  {f.url_env} (set in your environment)"
-                if f.url_env in preset
-                else f"  export {f.url_env}='{f.url}'"
-                for f in reachable
-            )
+            "Watch it with `make run` in another terminal (same database): its scheduler"
+            " polls the demo brokers too."
         )
 
         # 4. Run.
@@ -152,7 +140,8 @@ class Command(BaseCommand):
     def _main_loop(
         self, stop: threading.Event, started: float, seconds: float, ops: runner.Ops, no_ops: bool
     ) -> None:
-        """Poll and ingest as they fall due until stopped or out of time (every wait bounded)."""
+        """Poll (then evaluate alerts) and ingest as they fall due, until stopped or out of
+        time; every wait is bounded."""
         next_poll, next_ingest = started, started + runner.INGEST_INTERVAL_S / 2
         while not stop.is_set():
             now = time.monotonic()
@@ -160,6 +149,7 @@ class Command(BaseCommand):
                 return
             if not no_ops and now >= next_poll:
                 ops.poll()
+                ops.evaluate_alerts()
                 next_poll = max(next_poll + runner.POLL_INTERVAL_S, time.monotonic() + 1.0)
             elif not no_ops and now >= next_ingest:
                 ops.ingest()
