@@ -189,7 +189,7 @@ def contract(names: Names) -> dict[str, Any]:
         "address_group": names.group,
         "owner_team": "demo",
         "description": (
-            "Demo traffic from `manage.py demo`: reference producers and consumers following "
+            "Demo traffic from manage.py demo: reference producers and consumers following "
             "the delivery discipline (docs/demo.md)."
         ),
         "semantic": "at-least-once",
