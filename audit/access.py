@@ -7,12 +7,11 @@ verify the trail without the permission is exactly what a compliance review look
 from __future__ import annotations
 
 from django.core.exceptions import PermissionDenied
-from django.db import transaction
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
-from audit.actions import Actor, record
-from audit.models import AuditEvent, Outcome
+from audit.actions import Actor, do_record_denial
+from audit.models import AuditEvent
 
 VIEW = "audit.view_auditevent"
 EXPORT = "audit.export_auditevent"
@@ -26,15 +25,13 @@ def require_audit_permission(request: HttpRequest, permission: str) -> None:
     """Return if the user has ``permission``; otherwise record the denial and raise 403."""
     if request.user.has_perm(permission):
         return
-    with transaction.atomic():
-        record(
-            _DENIED_ACTION[permission],
-            actor=Actor.from_request(request),
-            target_type="audit.trail",
-            target_repr="audit trail",
-            after={"permission": permission, "method": request.method, "path": request.path},
-            outcome=Outcome.DENIED,
-        )
+    do_record_denial(
+        _DENIED_ACTION[permission],
+        actor=Actor.from_request(request),
+        target_type="audit.trail",
+        target_repr="audit trail",
+        details={"permission": permission, "method": request.method, "path": request.path},
+    )
     raise PermissionDenied("You need the compliance role to use the audit trail.")
 
 

@@ -282,3 +282,25 @@ def _copy_events(events: list[AuditEvent]) -> None:
                                             for f in _COPY_FIELDS)
                     ]
                 )  # fmt: skip
+
+
+@transaction.atomic
+def do_record_denial(
+    action: str,
+    *,
+    actor: Actor,
+    target_type: str,
+    target_repr: str,
+    reason: str = "permission denied",
+    details: Mapping[str, Any] | None = None,
+) -> AuditEvent:
+    """Record a refused attempt (a 403, a throttled sign-in): who tried what, from where."""
+    return record(
+        action,
+        actor=actor,
+        target_type=target_type,
+        target_repr=target_repr[:300],
+        reason=reason,
+        after=details,
+        outcome=Outcome.DENIED,
+    )

@@ -8,10 +8,8 @@ from django import forms
 from django.conf import settings
 from django.contrib.auth.forms import AuthenticationForm
 from django.core.cache import cache
-from django.db import transaction
 
-from audit.actions import Actor, record
-from audit.models import Outcome
+from audit.actions import Actor, do_record_denial
 
 
 def _keys(ip: str, username: str) -> list[str]:
@@ -36,14 +34,13 @@ class RateLimitedAuthenticationForm(AuthenticationForm):
             counts.get(keys[0], 0) >= ip_limit
             or counts.get(keys[1], 0) >= settings.LOGIN_RATE_LIMIT
         ):
-            with transaction.atomic():
-                record(
-                    "auth.login_throttled",
-                    actor=Actor(None, username, ip if ip != "unknown" else None),
-                    target_type="auth.user",
-                    target_repr=username,
-                    outcome=Outcome.DENIED,
-                )
+            do_record_denial(
+                "auth.login_throttled",
+                actor=Actor(None, username, ip if ip != "unknown" else None),
+                target_type="auth.user",
+                target_repr=username,
+                reason="too many failed sign-ins",
+            )
             raise forms.ValidationError(
                 self.error_messages["throttled"],
                 code="throttled",

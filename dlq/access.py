@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 from django.core.exceptions import PermissionDenied
-from django.db import transaction
 from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.shortcuts import get_object_or_404
@@ -51,21 +50,17 @@ ACTION_PERMISSIONS = {
 def require_action(request: HttpRequest, action: str, target: str = "") -> None:
     """Raise PermissionDenied unless the user may ``action`` (replay, discard, approve); the
     refusal is audited (who tried what) before the 403."""
-    from audit.actions import Actor, record
-    from audit.models import Outcome
+    from audit.actions import Actor, do_record_denial
 
     if request.user.has_perm(ACTION_PERMISSIONS[action]):
         return
-    with transaction.atomic():
-        record(
-            f"dlq.{action}",
-            actor=Actor.from_request(request),
-            target_type="dlq.deadletter" if action != "approve" else "dlq.replayplan",
-            target_repr=target[:300] or request.path[:300],
-            reason="permission denied",
-            after={"permission": ACTION_PERMISSIONS[action], "method": request.method},
-            outcome=Outcome.DENIED,
-        )
+    do_record_denial(
+        f"dlq.{action}",
+        actor=Actor.from_request(request),
+        target_type="dlq.deadletter" if action != "approve" else "dlq.replayplan",
+        target_repr=target or request.path,
+        details={"permission": ACTION_PERMISSIONS[action], "method": request.method},
+    )
     raise PermissionDenied(f"You need the on-call role to {action} dead letters.")
 
 

@@ -121,6 +121,20 @@ def do_reveal_entry(entry: DeadLetter, actor: Actor, reason: str) -> None:
     )
 
 
+@transaction.atomic
+def do_record_download(entry: DeadLetter, actor: Actor) -> None:
+    """Record a raw-body download of an entry on a channel with redaction rules (the caller
+    checked the reveal permission; the bytes are sent only after this committed)."""
+    record(
+        "dlq.download",
+        actor=actor,
+        target=entry,
+        target_type="dlq.deadletter",
+        channel_slug=entry.channel.slug,
+        reason="raw body download",
+    )
+
+
 # -- replay and discard plans (see dlq.replay) ---------------------------------------------
 
 

@@ -12,14 +12,14 @@ from django.shortcuts import render
 from django.utils import timezone
 from django.views.decorators.http import require_GET, require_POST
 
-from audit.actions import Actor, record
+from audit.actions import Actor
 from audit.models import AuditEvent
 from channels_registry.access import channels_for_user
 from dashboard.http import HtmxHttpRequest
 from dlq import redaction
 from dlq import render as body_render
 from dlq.access import can_reveal, entries_for_user, get_entry_for_user, groups_for_user
-from dlq.actions import do_reveal_entry
+from dlq.actions import do_record_download, do_reveal_entry
 from dlq.filters import PAGE_SIZE, EntryFilter, approximate_total, keyset_page
 from dlq.models import DeadLetter, Source, Status
 from dlq.replay_views import lineage_context
@@ -170,14 +170,7 @@ def entry_download(request: HtmxHttpRequest, pk: int) -> HttpResponse:
     if redaction.has_rules(entry.channel):
         if not can_reveal(request.user):
             return HttpResponseForbidden("This channel redacts payloads; you cannot download it.")
-        record(
-            "dlq.download",
-            actor=Actor.from_request(request),
-            target=entry,
-            target_type="dlq.deadletter",
-            channel_slug=entry.channel.slug,
-            reason="raw body download",
-        )
+        do_record_download(entry, Actor.from_request(request))
     response = HttpResponse(bytes(entry.body), content_type="application/octet-stream")
     response["Content-Disposition"] = f'attachment; filename="dead-letter-{entry.pk}.bin"'
     response["X-Content-Type-Options"] = "nosniff"

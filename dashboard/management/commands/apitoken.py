@@ -6,10 +6,9 @@ from typing import Any
 
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError, CommandParser
-from django.db import transaction
 
-from audit.actions import Actor, record
-from dashboard.models import ApiToken
+from audit.actions import Actor
+from dashboard.actions import do_create_api_token, do_revoke_api_tokens
 
 
 class Command(BaseCommand):
@@ -29,21 +28,10 @@ class Command(BaseCommand):
             user = get_user_model().objects.filter(username=options["username"]).first()
             if user is None:
                 raise CommandError(f"no user named {options['username']!r}")
-            with transaction.atomic():
-                token, raw = ApiToken.issue(user, options["name"])
-                record(
-                    "api.token.create",
-                    actor=actor,
-                    target=token,
-                    after={"user": user.get_username(), "name": token.name},
-                )
+            _, raw = do_create_api_token(user, options["name"], actor=actor)
             self.stdout.write(f"Token for {user.get_username()} (shown once): {raw}")
             return
-        with transaction.atomic():
-            tokens = list(ApiToken.objects.filter(prefix=options["prefix"], revoked=False))
-            if not tokens:
-                raise CommandError(f"no active token starts with {options['prefix']!r}")
-            for token in tokens:
-                ApiToken.objects.filter(pk=token.pk).update(revoked=True)
-                record("api.token.revoke", actor=actor, target=token)
-        self.stdout.write(f"Revoked {len(tokens)} token(s).")
+        revoked = do_revoke_api_tokens(options["prefix"], actor=actor)
+        if not revoked:
+            raise CommandError(f"no active token starts with {options['prefix']!r}")
+        self.stdout.write(f"Revoked {revoked} token(s).")

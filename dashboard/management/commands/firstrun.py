@@ -7,9 +7,9 @@ from typing import Any
 
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandParser
-from django.db import transaction
 
-from audit.actions import Actor, record
+from audit.actions import Actor
+from dashboard.actions import do_create_first_admin
 
 
 class Command(BaseCommand):
@@ -24,14 +24,7 @@ class Command(BaseCommand):
             self.stdout.write("Users exist already: sign in at http://127.0.0.1:8000/login/")
             return
         password = secrets.token_urlsafe(12)
-        with transaction.atomic():
-            user = user_model.objects.create_superuser(options["username"], "", password)
-            record(
-                "auth.user.create",
-                actor=Actor.system("firstrun"),
-                target=user,
-                after={"username": user.get_username(), "is_superuser": True},
-            )
+        user = do_create_first_admin(options["username"], password, actor=Actor.system("firstrun"))
         bar = "=" * 64
         self.stdout.write(
             f"{bar}\n First run: created the admin user.\n"
