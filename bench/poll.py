@@ -6,13 +6,22 @@ through ``brokers.get_adapter`` only, and print the cycle duration (median, max)
 adapter's ``round_trips`` at 10, 100 and 1,000 channels. Everything created is deleted again.
 A broker whose adapter does not import yet or whose service is down is skipped, with a reason.
 Loopback only; every loop is bounded.
+
+NATS is measured twice more on a private ``nats-server`` started with a monitoring port (the
+shared one has none): the JetStream API path and the ``/jsz`` monitoring path side by side on
+the same streams. The private server and its store directory are removed afterwards.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import shutil
+import socket
 import statistics
+import subprocess
+import tempfile
+import time
 import uuid
 from collections.abc import Callable, Sequence
 
@@ -25,6 +34,7 @@ CYCLES = int(os.environ.get("BENCH_CYCLES", "7"))
 RABBIT_URL = "amqp://guest:guest@127.0.0.1:5672/%2F"
 REDIS_URL = "redis://127.0.0.1:6379/0"
 NATS_URL = "nats://127.0.0.1:4222"
+NATS_SERVER = os.environ.get("DLO_NATS_SERVER_BIN", "/usr/sbin/nats-server")
 
 
 def measure(label: str, adapter: BrokerAdapter, addresses: Sequence[Address]) -> None:
@@ -111,22 +121,28 @@ def bench_redis() -> None:
         client.close()
 
 
-def bench_nats() -> None:
+def bench_nats(
+    url: str = NATS_URL, paths: dict[str, str | None] | None = None, title: str = "nats"
+) -> None:
     try:
         import nats
     except Exception as exc:
-        print(f"nats: skipped ({exc!r})")
+        print(f"{title}: skipped ({exc!r})")
         return
+    paths = paths or {"nats jetstream": None}
     try:
-        adapter = get_adapter("nats", NATS_URL)
+        adapters = {
+            label: get_adapter("nats", url, management_url=management_url)
+            for label, management_url in paths.items()
+        }
     except Exception as exc:
-        print(f"nats: skipped, adapter not importable yet ({exc!r})")
+        print(f"{title}: skipped, adapter not importable yet ({exc!r})")
         return
     run = uuid.uuid4().hex[:8]
     streams = [f"BENCH_{run}_{i:04d}" for i in range(CHANNELS)]
 
     async def setup() -> None:
-        nc = await nats.connect(NATS_URL, connect_timeout=5, max_reconnect_attempts=0)
+        nc = await nats.connect(url, connect_timeout=5, max_reconnect_attempts=0)
         js = nc.jetstream()
         for name in streams:
             await js.add_stream(name=name, subjects=[f"bench.{run}.{name}"])
@@ -134,7 +150,7 @@ def bench_nats() -> None:
         await nc.close()
 
     async def teardown() -> None:
-        nc = await nats.connect(NATS_URL, connect_timeout=5, max_reconnect_attempts=0)
+        nc = await nats.connect(url, connect_timeout=5, max_reconnect_attempts=0)
         js = nc.jetstream()
         for name in streams:
             try:
@@ -146,14 +162,68 @@ def bench_nats() -> None:
     try:
         asyncio.run(setup())
     except Exception as exc:
-        print(f"nats: skipped, service down or JetStream off ({exc!r})")
+        print(f"{title}: skipped, service down or JetStream off ({exc!r})")
         asyncio.run(teardown())
         return
     try:
-        print(f"nats: {CHANNELS} JetStream streams with a durable consumer")
-        _run(measure, "nats jetstream", adapter, [Address(s, "bench") for s in streams])
+        print(f"{title}: {CHANNELS} JetStream streams with a durable consumer")
+        for label, adapter in adapters.items():
+            _run(measure, label, adapter, [Address(s, "bench") for s in streams])
     finally:
         asyncio.run(teardown())
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def bench_nats_jsz() -> None:
+    """Both NATS paths on a private nats-server with a monitoring port."""
+    if not os.access(NATS_SERVER, os.X_OK):
+        print(f"nats (private, /jsz): skipped, no nats-server binary at {NATS_SERVER}")
+        return
+    import httpx
+
+    store = tempfile.mkdtemp(prefix="dlo-bench-nats-")
+    port, monitor_port = _free_port(), _free_port()
+    monitor = f"http://127.0.0.1:{monitor_port}"
+    process = subprocess.Popen(
+        [NATS_SERVER, "-js", "-sd", store, "-a", "127.0.0.1", "-p", str(port)]
+        + ["-m", str(monitor_port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 15
+        while True:
+            if process.poll() is not None:
+                print(f"nats (private, /jsz): skipped, nats-server exited ({process.returncode})")
+                return
+            try:
+                if httpx.get(f"{monitor}/healthz", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                print("nats (private, /jsz): skipped, nats-server not healthy within 15 s")
+                return
+            time.sleep(0.05)
+        bench_nats(
+            f"nats://127.0.0.1:{port}",
+            {"nats JetStream API": None, "nats /jsz monitoring": monitor},
+            title="nats (private server, monitoring port)",
+        )
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=10)
+        shutil.rmtree(store, ignore_errors=True)
 
 
 def _run(fn: Callable[..., None], label: str, *args: object) -> None:
@@ -168,6 +238,7 @@ def main() -> None:
     bench_rabbitmq()
     bench_redis()
     bench_nats()
+    bench_nats_jsz()
 
 
 if __name__ == "__main__":

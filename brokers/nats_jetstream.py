@@ -14,6 +14,16 @@ the list has pages). ``round_trips`` counts JetStream API requests: it grows wit
 system account or the monitoring port), never with the number of consumers. Requests run
 concurrently, at most ``max_in_flight`` at a time.
 
+With a ``management_url`` (the server's monitoring port, ``http://host:8222``), ``poll`` and
+``inspect`` read ``GET /jsz?streams=true&consumers=true&config=true`` instead: every stream and
+consumer of every JetStream account in one HTTP request (the server pages *accounts*, 1024 per
+``offset``/``limit`` page, never streams), so ``round_trips`` counts HTTP requests and does not
+grow with the channel count. ``?acc=<account>`` on the management URL restricts it to one
+account. The answer is authoritative for a single server: a stream or consumer it does not list
+does not exist. Where it cannot be (a clustered server lists only the streams and consumers it
+hosts; a stream name found in several accounts; accounts beyond ``max_pages``), those addresses
+alone are resolved through the JetStream API as above, and those requests are counted too.
+
 Dead letters. JetStream has no DLQ; when a consumer gives up on a message it publishes a
 ``MAX_DELIVERIES`` or ``MSG_TERMINATED`` advisory. ``prepare_drain`` creates the dashboard-owned
 stream ``DLO_ADVISORIES`` (file storage, bounded by age and count) capturing both advisory
@@ -30,6 +40,7 @@ import base64
 import binascii
 import concurrent.futures
 import contextlib
+import dataclasses
 import datetime as dt
 import hashlib
 import json
@@ -37,8 +48,9 @@ import re
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any, TypeVar
-from urllib.parse import urlsplit
+from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
+import httpx
 import nats.errors
 import nats.js.errors
 from nats.aio.client import Client as NATS
@@ -68,6 +80,7 @@ MAX_DELIVERIES_PREFIX = "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES"
 TERMINATED_PREFIX = "$JS.EVENT.ADVISORY.CONSUMER.MSG_TERMINATED"
 ADVISORY_SUBJECTS = [f"{MAX_DELIVERIES_PREFIX}.>", f"{TERMINATED_PREFIX}.>"]
 LIST_PAGE = 256  # JetStream's page size for STREAM.LIST / CONSUMER.LIST
+JSZ_PAGE = 1024  # accounts per /jsz page (the server's default limit)
 PUBLISH_WINDOW = 256
 _VALID_SCHEMES = {"nats", "tls", "ws", "wss"}
 _HEADER_NAME = re.compile(r"^[!-9;-~]+$")  # printable ASCII except ':' (RFC 7230 token-ish)
@@ -307,6 +320,68 @@ class _Api:
         return response
 
 
+@dataclasses.dataclass
+class _JszView:
+    """What /jsz listed: stream details by name (one per account holding the name)."""
+
+    streams: dict[str, list[dict[str, Any]]] = dataclasses.field(default_factory=dict)
+    complete: bool = False  # a name it does not list does not exist
+    requests: int = 0
+
+
+def _redacted(url: str) -> str:
+    """The URL without user info (never echo credentials)."""
+    parts = urlsplit(url)
+    return urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
+
+
+def _jsz_endpoint(management_url: str) -> tuple[str, str]:
+    """``http://host:8222[/jsz][?acc=A]`` → (the /jsz URL, the account or "")."""
+    parts = urlsplit(management_url)
+    try:
+        parts.port  # noqa: B018 - raises ValueError on a malformed port
+    except ValueError:
+        raise BrokerError(
+            f"nats: bad port in monitoring URL {_redacted(management_url)!r}", permanent=True
+        ) from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise BrokerError(
+            f"nats: the monitoring URL must be http(s)://host:port, not "
+            f"{_redacted(management_url)!r}",
+            permanent=True,
+        )
+    path = parts.path.rstrip("/")
+    if not path.endswith("/jsz"):
+        path += "/jsz"
+    account = dict(parse_qsl(parts.query)).get("acc", "")
+    return urlunsplit((parts.scheme, parts.netloc, path, "", "")), account
+
+
+def _jsz_get(client: httpx.Client, url: str, params: dict[str, str]) -> dict[str, Any]:
+    shown = _redacted(url)
+    try:
+        response = client.get(url, params=params)
+    except httpx.HTTPError as exc:
+        raise BrokerError(f"nats GET {shown}: {type(exc).__name__}: {exc}") from None
+    if response.status_code in (401, 403, 404):
+        raise BrokerError(
+            f"nats GET {shown}: HTTP {response.status_code} (not a NATS monitoring port?)",
+            permanent=True,
+        )
+    if response.status_code == 400:  # the server's own complaint, e.g. an unknown account
+        text = response.text.strip()[:200]
+        raise BrokerError(f"nats GET {shown}: HTTP 400: {text}", permanent=True)
+    if response.status_code >= 400:
+        raise BrokerError(f"nats GET {shown}: HTTP {response.status_code}")
+    try:
+        page = response.json()
+    except ValueError:
+        page = None
+    if not isinstance(page, dict) or "server_id" not in page:
+        raise BrokerError(f"nats GET {shown}: not a NATS /jsz answer", permanent=True)
+    return page
+
+
 def _not_found(response: dict[str, Any]) -> bool:
     return (response.get("error") or {}).get("code") == 404
 
@@ -457,8 +532,112 @@ class NatsJetStreamAdapter(BrokerAdapter):
                 consumers[address] = found.get((address.name, address.group))
         return streams, consumers
 
+    # --- the monitoring endpoint (/jsz) ---------------------------------------------------
+
+    def _read_jsz(self) -> _JszView:
+        """Every stream (with its consumers and configs) /jsz reports, paged by account."""
+        base, account = _jsz_endpoint(self.management_url or "")
+        params = {"streams": "true", "consumers": "true", "config": "true"}
+        params["limit"] = str(JSZ_PAGE)
+        if account:
+            params["acc"] = account
+        view = _JszView()
+        seen: set[str] = set()
+        total: int | None = None
+        clustered = False
+        offset = 0
+        with httpx.Client(timeout=self.timeout, trust_env=False) as client:
+            while view.requests < max(1, self.max_pages):
+                page = _jsz_get(client, base, {**params, "offset": str(offset)})
+                view.requests += 1
+                if page.get("disabled"):
+                    raise BrokerError(f"nats {base}: JetStream is not enabled", permanent=True)
+                clustered = clustered or "meta_cluster" in page
+                total = _int_or_none(page.get("accounts"))
+                details = page.get("account_details") or []
+                for detail in details:
+                    names = {detail.get("name"), detail.get("id")} - {None}
+                    if account and account not in names:
+                        continue  # an unknown acc makes the server list every account
+                    key = str(detail.get("id") or detail.get("name"))
+                    if key in seen:
+                        continue
+                    seen.add(key)
+                    for stream in detail.get("stream_detail") or []:
+                        name = stream.get("name") or (stream.get("config") or {}).get("name")
+                        if isinstance(name, str):
+                            view.streams.setdefault(name, []).append(stream)
+                if account or not details or total is None or offset + len(details) >= total:
+                    break
+                offset += len(details)
+        if account and not seen:
+            raise BrokerError(
+                f"nats {base}: account {account!r} has no JetStream on this server",
+                permanent=True,
+            )
+        # Single server, every account read: what is not listed does not exist.
+        view.complete = not clustered and (
+            bool(account) or (total is not None and len(seen) >= total)
+        )
+        return view
+
+    def _jsz_collect(
+        self, addresses: Sequence[Address]
+    ) -> tuple[dict[Address, tuple[dict[str, Any] | None, dict[str, Any] | None]], int]:
+        """(stream, consumer) infos per address, and the requests made (HTTP + API)."""
+        view = self._read_jsz()
+        found: dict[Address, tuple[dict[str, Any] | None, dict[str, Any] | None]] = {}
+        unresolved: list[Address] = []
+        for address in addresses:
+            candidates = view.streams.get(address.name, [])
+            if len(candidates) > 1 or (not candidates and not view.complete):
+                unresolved.append(address)  # ambiguous, or perhaps on another server
+                continue
+            stream = candidates[0] if candidates else None
+            consumer = None
+            if address.group and stream is not None:
+                consumer = next(
+                    (
+                        c
+                        for c in stream.get("consumer_detail") or []
+                        if c.get("name") == address.group
+                    ),
+                    None,
+                )
+                if consumer is None and not view.complete:
+                    unresolved.append(address)  # a clustered consumer may live elsewhere
+                    continue
+            found[address] = (stream, consumer)
+        requests = view.requests
+        if unresolved:
+
+            async def work(nc: NATS) -> int:
+                api = _Api(nc, self.timeout, self.max_in_flight)
+                streams, consumers = await self._collect(api, unresolved)
+                for address in unresolved:
+                    found[address] = (streams.get(address.name), consumers.get(address))
+                return api.requests
+
+            requests += _run_once(self._with_connection(work, "poll (addresses /jsz omits)"))
+        return found, requests
+
+    def _poll_jsz(self, addresses: Sequence[Address], started: float) -> PollResult:
+        found, requests = self._jsz_collect(addresses)
+        stats: dict[Address, ChannelStats] = {}
+        for address in addresses:
+            stream, consumer = found[address]
+            if stream is None:
+                stats[address] = ChannelStats(address=address, exists=False)
+            else:
+                stats[address] = _stats(address, stream, consumer)
+        return PollResult(
+            stats=stats, round_trips=requests, duration_s=time.perf_counter() - started
+        )
+
     def poll(self, addresses: Sequence[Address]) -> PollResult:
         started = time.perf_counter()
+        if self.management_url and addresses:
+            return self._poll_jsz(addresses, started)
 
         async def work(nc: NATS) -> PollResult:
             api = _Api(nc, self.timeout, self.max_in_flight)
@@ -479,6 +658,10 @@ class NatsJetStreamAdapter(BrokerAdapter):
         return _run_once(self._with_connection(work, "poll"))
 
     def inspect(self, addresses: Sequence[Address]) -> dict[Address, Topology]:
+        if self.management_url and addresses:
+            found, _requests = self._jsz_collect(addresses)
+            return {a: _topology(a, *found[a]) for a in addresses}
+
         async def work(nc: NATS) -> dict[Address, Topology]:
             if not addresses:
                 return {}

@@ -71,8 +71,10 @@ class Broker(models.Model):
         "management / metrics URL",
         max_length=300,
         blank=True,
-        help_text="RabbitMQ only: the management API (http://host:15672) or the Prometheus "
-        "endpoint (http://host:15692/metrics). Credentials are taken from the connection URL.",
+        help_text="RabbitMQ: the management API (http://host:15672) or the Prometheus "
+        "endpoint (http://host:15692/metrics); credentials are taken from the connection URL. "
+        "NATS: the monitoring port (http://host:8222, optionally ?acc=ACCOUNT). "
+        "Not used for Redis.",
     )
     enabled = models.BooleanField(default=True)
     poll_interval_s = models.PositiveIntegerField(
@@ -103,8 +105,11 @@ class Broker(models.Model):
                     + "."
                 )
         if self.management_url:
-            if self.kind != BrokerKind.RABBITMQ:
-                errors["management_url"] = "Only RabbitMQ brokers use a management URL."
+            if self.kind not in (BrokerKind.RABBITMQ, BrokerKind.NATS):
+                errors["management_url"] = (
+                    "Only RabbitMQ (management or Prometheus) and NATS (monitoring port) "
+                    "brokers use a management URL."
+                )
             elif urlsplit(self.management_url).scheme not in ("http", "https"):
                 errors["management_url"] = "Give an http:// or https:// URL."
             elif urlsplit(self.management_url).password:

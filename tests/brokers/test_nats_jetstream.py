@@ -8,18 +8,29 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import os
+import socket
+import subprocess
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, TypeVar
 
+import httpx
 import nats
 import pytest
 from nats.aio.client import Client as NATS
 from nats.js.api import AckPolicy, ConsumerConfig
 
-from brokers.base import Address, BrokerError, DeadLetter, DrainSession, OutgoingMessage
+from brokers.base import (
+    Address,
+    BrokerError,
+    ChannelStats,
+    DeadLetter,
+    DrainSession,
+    OutgoingMessage,
+)
 from brokers.nats_jetstream import ADVISORY_STREAM, NatsJetStreamAdapter
 
 URL = os.environ.get("DLO_TEST_NATS_URL", "nats://127.0.0.1:4222")
@@ -331,3 +342,216 @@ def test_publisher_confirms_with_dedup_and_reports_no_responders(
     assert [m.data for m in stored] == HOSTILE
     assert stored[0].headers["Nats-Msg-Id"] == "r0"
     assert _with_nats(lambda nc: nc.jetstream().stream_info(stream)).state.messages == 3
+
+
+# --- the monitoring endpoint (/jsz) on a private server with a monitoring port --------------
+
+NATS_SERVER = os.environ.get("DLO_NATS_SERVER_BIN", "/usr/sbin/nats-server")
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+@dataclasses.dataclass
+class PrivateNats:
+    url: str
+    monitor: str
+
+
+@pytest.fixture(scope="module")
+def private_nats(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrivateNats]:
+    """A nats-server of our own with JetStream and a monitoring port, stopped after the module."""
+    if not (os.path.isfile(NATS_SERVER) and os.access(NATS_SERVER, os.X_OK)):
+        message = f"nats-server binary not found at {NATS_SERVER} (set DLO_NATS_SERVER_BIN)"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+    port, monitor_port = _free_port(), _free_port()
+    store = tmp_path_factory.mktemp("nats-jsz")
+    log = (store / "server.log").open("wb")
+    process = subprocess.Popen(
+        [NATS_SERVER, "-js", "-sd", str(store), "-a", "127.0.0.1", "-p", str(port)]
+        + ["-m", str(monitor_port)],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    monitor = f"http://127.0.0.1:{monitor_port}"
+    try:
+        deadline = time.monotonic() + 15
+        while True:
+            if process.poll() is not None:
+                pytest.fail(f"nats-server exited with {process.returncode}; see {store}")
+            try:
+                if httpx.get(f"{monitor}/healthz", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                pytest.fail(f"nats-server did not become healthy within 15 s; see {store}")
+            time.sleep(0.05)
+        yield PrivateNats(url=f"nats://127.0.0.1:{port}", monitor=monitor)
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=10)
+        log.close()
+
+
+def _on(url: str, work: Callable[[NATS], Awaitable[T]]) -> T:
+    async def run() -> T:
+        nc = await nats.connect(url, connect_timeout=2, allow_reconnect=False)
+        try:
+            return await work(nc)
+        finally:
+            await nc.close()
+
+    return asyncio.run(run())
+
+
+def _adapters(server: PrivateNats) -> tuple[NatsJetStreamAdapter, NatsJetStreamAdapter]:
+    """(the JetStream API path, the /jsz path) on the same server."""
+    return (
+        NatsJetStreamAdapter(server.url, timeout=2.0),
+        NatsJetStreamAdapter(server.url, management_url=server.monitor, timeout=2.0),
+    )
+
+
+def _comparable(sample: ChannelStats) -> dict[str, Any]:
+    data = sample.as_dict()
+    del data["observed_at"]
+    data.pop("oldest_message_age_s")  # now - first_ts: differs by the time between the polls
+    return data
+
+
+def test_jsz_samples_equal_the_api_samples(private_nats: PrivateNats) -> None:
+    token = uuid.uuid4().hex[:8]
+    stream, prefix = f"JSZ_{token}", f"jsz.{token}"
+
+    async def setup(nc: NATS) -> None:
+        js = nc.jetstream()
+        await js.add_stream(name=stream, subjects=[f"{prefix}.>"])
+        for i in range(4):
+            await js.publish(f"{prefix}.a", f"m{i}".encode())
+        await js.add_consumer(
+            stream,
+            ConsumerConfig(
+                durable_name="work",
+                ack_policy=AckPolicy.EXPLICIT,
+                max_deliver=5,
+                max_ack_pending=50,
+            ),
+        )
+        await js.add_consumer(
+            stream, ConsumerConfig(durable_name="idle", ack_policy=AckPolicy.EXPLICIT)
+        )
+        sub = await js.pull_subscribe_bind("work", stream)
+        msgs = await sub.fetch(4, timeout=2)
+        await msgs[0].ack_sync()
+        await msgs[1].ack_sync()
+        await msgs[2].nak()
+        await nc.flush()
+        assert (await sub.fetch(1, timeout=2))[0].metadata.num_delivered == 2
+        for i in range(4, 10):
+            await js.publish(f"{prefix}.a", f"m{i}".encode())
+
+    _on(private_nats.url, setup)
+    api, jsz = _adapters(private_nats)
+    addresses = [
+        Address(stream, "work"),
+        Address(stream, "idle"),
+        Address(stream),
+        Address(stream, "nobody"),
+        Address(f"JSZ_absent_{token}", "work"),
+        Address(f"JSZ_absent_{token}"),
+    ]
+
+    by_api, by_jsz = api.poll(addresses), jsz.poll(addresses)
+
+    assert by_jsz.round_trips == 1  # one HTTP request, no JetStream API fallback
+    assert by_jsz.errors == []
+    for address in addresses:
+        assert _comparable(by_jsz.stats[address]) == _comparable(by_api.stats[address])
+    work = by_jsz.stats[Address(stream, "work")]
+    assert (work.backlog, work.in_flight, work.redelivered) == (6, 2, 1)
+    assert (work.retained, work.produced, work.delivered, work.acked) == (10, 10, 4, 2)
+    assert by_jsz.stats[Address(stream)].oldest_message_age_s is not None
+    assert [by_jsz.stats[a].exists for a in addresses[3:]] == [False, False, False]
+    assert by_jsz.stats[Address(stream, "nobody")].backlog is None
+
+    topology_api, topology_jsz = api.inspect(addresses), jsz.inspect(addresses)
+    assert topology_jsz == topology_api
+    limited = topology_jsz[Address(stream, "work")]
+    assert (limited.ack_policy, limited.delivery_limit, limited.max_ack_pending) == (
+        "explicit",
+        5,
+        50,
+    )
+    assert [topology_jsz[a].exists for a in addresses[3:]] == [False, False, False]
+
+
+def test_jsz_round_trips_do_not_grow_with_streams(private_nats: PrivateNats) -> None:
+    token = uuid.uuid4().hex[:8]
+    streams = [f"JSZN_{token}_{i:03d}" for i in range(100)]
+
+    async def setup(nc: NATS) -> None:
+        js = nc.jetstream()
+        for name in streams:
+            await js.add_stream(name=name, subjects=[f"jszn.{token}.{name}"])
+            await js.add_consumer(
+                name, ConsumerConfig(durable_name="c", ack_policy=AckPolicy.EXPLICIT)
+            )
+
+    _on(private_nats.url, setup)
+    api, jsz = _adapters(private_nats)
+    addresses = [Address(name, "c") for name in streams]
+
+    ten, hundred = jsz.poll(addresses[:10]), jsz.poll(addresses)
+
+    assert ten.round_trips == hundred.round_trips
+    assert 1 <= hundred.round_trips <= 2
+    assert all(s.exists and s.backlog == 0 for s in hundred.stats.values())
+    assert api.poll(addresses).round_trips > hundred.round_trips  # the per-stream path
+
+
+def test_jsz_account_filter_and_unknown_account(private_nats: PrivateNats) -> None:
+    _api, jsz = _adapters(private_nats)
+    jsz.management_url = f"{private_nats.monitor}/jsz?acc=$G"
+    assert jsz.poll([Address("JSZ_none")]).stats[Address("JSZ_none")].exists is False
+
+    jsz.management_url = f"{private_nats.monitor}?acc=NO_SUCH_ACCOUNT"
+    with pytest.raises(BrokerError) as caught:
+        jsz.poll([Address("JSZ_none")])
+    assert caught.value.permanent is True
+
+
+def test_jsz_wrong_monitoring_port_is_a_transient_broker_error(
+    private_nats: PrivateNats,
+) -> None:
+    adapter = NatsJetStreamAdapter(
+        private_nats.url, management_url=f"http://127.0.0.1:{_free_port()}", timeout=2.0
+    )
+    started = time.monotonic()
+    with pytest.raises(BrokerError) as caught:
+        adapter.poll([Address("S", "c")])
+    assert caught.value.permanent is False
+    assert time.monotonic() - started < 10
+    with pytest.raises(BrokerError) as caught:
+        adapter.inspect([Address("S", "c")])
+    assert caught.value.permanent is False
+
+
+def test_jsz_not_a_monitoring_url_is_a_permanent_broker_error(
+    private_nats: PrivateNats,
+) -> None:
+    for url in ("nats://127.0.0.1:8222", f"{private_nats.monitor}/varz/nothing-here"):
+        adapter = NatsJetStreamAdapter(private_nats.url, management_url=url, timeout=2.0)
+        with pytest.raises(BrokerError) as caught:
+            adapter.poll([Address("S", "c")])
+        assert caught.value.permanent is True, url

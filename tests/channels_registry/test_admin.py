@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
+from django.core.exceptions import ValidationError
 
 from audit.models import AuditEvent
 from channels_registry.models import Broker, Channel
@@ -102,7 +103,7 @@ def test_broker_field_errors_are_clear(registry_admin: User) -> None:
     page = response.content.decode()
     assert response.status_code == 200
     assert "A Redis Streams URL starts with redis://" in page
-    assert "Only RabbitMQ brokers use a management URL." in page
+    assert "Only RabbitMQ (management or Prometheus) and NATS (monitoring port) brokers" in page
     assert "Ensure this value is greater than or equal to 5." in page
     assert not Broker.objects.exists()
 
@@ -161,3 +162,20 @@ def test_channel_delete_is_audited(registry_admin: User) -> None:
 def test_viewer_cannot_use_the_admin(viewer: User) -> None:
     response = client_for(viewer).get("/admin/channels_registry/channel/add/")
     assert response.status_code == 302  # to the login page: not staff
+
+
+def test_management_url_is_for_rabbitmq_and_nats_only() -> None:
+    def errors(kind: str, management_url: str) -> dict[str, list[str]]:
+        broker = Broker(name="b", kind=kind, url_env="X_URL", management_url=management_url)
+        try:
+            broker.clean()
+        except ValidationError as exc:
+            return exc.message_dict
+        return {}
+
+    assert errors("nats", "http://127.0.0.1:8222") == {}
+    assert errors("nats", "https://nats.internal:8222/jsz?acc=APP") == {}
+    assert "management_url" in errors("nats", "nats://127.0.0.1:8222")
+    assert "management_url" in errors("nats", "http://u:secret@127.0.0.1:8222")
+    assert "management_url" in errors("redis", "http://127.0.0.1:8222")
+    assert errors("rabbitmq", "http://127.0.0.1:15672") == {}
