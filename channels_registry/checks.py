@@ -403,7 +403,7 @@ def _alert_rules(channel: Channel, enabled_rules: Callable[..., set[str]]) -> se
     if channel.pk is not None:
         overrides = {
             o.rule: Override(o.enabled, o.for_s, o.threshold, o.window_s)
-            for o in channel.alert_overrides.all()  # type: ignore[attr-defined]
+            for o in channel.alert_overrides.all()
         }
     return enabled_rules(channel, overrides)
 
