@@ -22,9 +22,10 @@ import contextlib
 import datetime as dt
 import hashlib
 import json
+import threading
 import time
 import urllib.parse
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import httpx
@@ -352,16 +353,31 @@ class RabbitMQAdapter(BrokerAdapter):
 
 
 class RabbitMQDrainSession(DrainSession):
-    """``basic.consume`` with manual ack on one queue. Prefetch is twice the batch so the next
-    batch is already in our buffer while the caller commits the previous one."""
+    """``basic.consume`` with manual ack on one queue, pipelined with the caller.
+
+    pika's ``BlockingConnection`` only reads frames while someone calls into it, so a caller
+    that spends most of a batch inside its database transaction used to leave the next batch
+    sitting undecoded in the socket. Here a background thread owns the connection: it reads,
+    decodes each delivery into a ``DeadLetter`` (frame decoding, headers, the dedupe hash) and
+    queues it while the caller commits; ``fetch`` only takes from that queue. Prefetch is twice
+    the batch, so one batch is ready while the previous one is stored.
+
+    Acks stay where the contract puts them: ``ack`` hands the ``basic.ack`` to the connection's
+    thread (``add_callback_threadsafe``, the one thread-safe pika call) and *waits* until it is
+    written, so it is never sent before the caller asked, and its errors still raise here.
+    """
+
+    _IDLE_WAIT_S = 0.5  # how long the I/O thread sleeps in select() when nothing happens
 
     def __init__(self, adapter: RabbitMQAdapter, address: Address) -> None:
         self.adapter = adapter
         self.address = address
-        self._buffer: collections.deque[tuple[Basic.Deliver, BasicProperties, bytes]] = (
-            collections.deque()
-        )
+        self._ready: collections.deque[DeadLetter] = collections.deque()
+        self._cond = threading.Condition()  # guards _ready, _outstanding and _error
         self._outstanding: set[int] = set()  # delivered to us, not yet acked
+        self._error: BaseException | None = None
+        self._stopping = False
+        self._thread: threading.Thread | None = None
         self._prefetch = 0
         self._consumer_tag: str | None = None
         self._connection = adapter._connect()
@@ -371,21 +387,67 @@ class RabbitMQDrainSession(DrainSession):
             self.close()
             raise
 
+    # -- the I/O thread ----------------------------------------------------------------
+
     def _on_message(
         self, _ch: BlockingChannel, method: Basic.Deliver, props: BasicProperties, body: bytes
     ) -> None:
-        self._buffer.append((method, props, body))
-        self._outstanding.add(int(method.delivery_tag or 0))
+        letter = _dead_letter(self.adapter.vhost, self.address.name, method, props, body)
+        with self._cond:
+            self._ready.append(letter)
+            self._outstanding.add(int(method.delivery_tag or 0))
+            self._cond.notify_all()
+
+    def _run(self) -> None:
+        try:
+            while not self._stopping:
+                self._connection.process_data_events(time_limit=self._IDLE_WAIT_S)
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller by fetch/ack
+            with self._cond:
+                self._error = exc
+                self._cond.notify_all()
+
+    def _on_io_thread(self, action: Callable[[], None]) -> None:
+        """Run ``action`` on the connection's thread and wait for it; re-raise its error."""
+        done = threading.Event()
+        failure: list[BaseException] = []
+
+        def call() -> None:
+            try:
+                action()
+            except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
+                failure.append(exc)
+            finally:
+                done.set()
+
+        self._raise_thread_error()
+        self._connection.add_callback_threadsafe(call)
+        while not done.wait(self._IDLE_WAIT_S):
+            self._raise_thread_error()  # the thread died: the call will never run
+        if failure:
+            raise failure[0]
+
+    def _raise_thread_error(self) -> None:
+        if self._error is not None:
+            raise self._error
+
+    # -- the caller's side -------------------------------------------------------------
 
     def _ensure_consuming(self, max_batch: int) -> None:
         wanted = min(max(2 * max_batch, 1), 65_535)
-        if wanted > self._prefetch:
+        if self._thread is None:
             self._channel.basic_qos(prefetch_count=wanted)
             self._prefetch = wanted
-        if self._consumer_tag is None:
             self._consumer_tag = self._channel.basic_consume(
                 self.address.name, self._on_message, auto_ack=False
             )
+            self._thread = threading.Thread(
+                target=self._run, name=f"rabbitmq-drain-{self.address.name}", daemon=True
+            )
+            self._thread.start()
+        elif wanted > self._prefetch:
+            self._on_io_thread(lambda: self._channel.basic_qos(prefetch_count=wanted))
+            self._prefetch = wanted
 
     def fetch(self, max_batch: int, wait_s: float) -> list[DeadLetter]:
         if max_batch <= 0:
@@ -393,20 +455,16 @@ class RabbitMQDrainSession(DrainSession):
         try:
             self._ensure_consuming(max_batch)
             deadline = time.monotonic() + max(wait_s, 0.0)
-            # 1. Wait (bounded) for the first message.
-            while not self._buffer:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    break
-                self._connection.process_data_events(
-                    time_limit=min(remaining, self.adapter.timeout)
-                )
-            # 2. Take whatever else has already arrived, without waiting for more.
-            while self._buffer and len(self._buffer) < max_batch:
-                before = len(self._buffer)
-                self._connection.process_data_events(time_limit=0)
-                if len(self._buffer) == before:
-                    break
+            with self._cond:
+                # Wait (bounded) for the first letter; take whatever else is already decoded.
+                while not self._ready and self._error is None:
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        break
+                    self._cond.wait(remaining)
+                self._raise_thread_error()
+                take = min(max_batch, len(self._ready))
+                return [self._ready.popleft() for _ in range(take)]
         except pika.exceptions.ChannelClosedByBroker as exc:
             raise BrokerError(
                 f"consume {self.address.name}: {exc.reply_code} {exc.reply_text}",
@@ -414,35 +472,43 @@ class RabbitMQDrainSession(DrainSession):
             ) from exc
         except Exception as exc:
             raise _amqp_error(exc, f"consume {self.address.name}") from exc
-        letters: list[DeadLetter] = []
-        while self._buffer and len(letters) < max_batch:
-            method, props, body = self._buffer.popleft()
-            letters.append(_dead_letter(self.adapter.vhost, self.address.name, method, props, body))
-        return letters
 
     def ack(self, letters: Sequence[DeadLetter]) -> None:
         tags = sorted({int(letter.token) for letter in letters})
         if not tags:
             return
-        unknown = [t for t in tags if t not in self._outstanding]
-        if unknown:
-            raise BrokerError(f"delivery tags not outstanding on this session: {unknown[:5]}")
-        lowest = sorted(self._outstanding)[: len(tags)]
-        try:
+        with self._cond:
+            unknown = [t for t in tags if t not in self._outstanding]
+            if unknown:
+                raise BrokerError(f"delivery tags not outstanding on this session: {unknown[:5]}")
+            lowest = sorted(self._outstanding)[: len(tags)]
+
+        def send() -> None:
             if lowest == tags:
                 # Contiguous prefix of the outstanding tags: one ack covers them all.
                 self._channel.basic_ack(delivery_tag=tags[-1], multiple=True)
             else:
                 for tag in tags:
                     self._channel.basic_ack(delivery_tag=tag)
-            self._outstanding.difference_update(tags)
-            # Flush the ack frames now rather than at the next fetch.
-            self._connection.process_data_events(time_limit=0)
+
+        try:
+            if self._thread is None:
+                send()
+            else:
+                self._on_io_thread(send)
         except Exception as exc:
             raise _amqp_error(exc, f"ack {self.address.name}") from exc
+        with self._cond:
+            self._outstanding.difference_update(tags)
 
     def close(self) -> None:
-        self._buffer.clear()
+        thread = getattr(self, "_thread", None)
+        if thread is not None:
+            self._stopping = True
+            with contextlib.suppress(Exception):
+                self._connection.add_callback_threadsafe(lambda: None)  # wake select()
+            thread.join(timeout=self.adapter.timeout + self._IDLE_WAIT_S)
+        self._ready.clear()
         self._outstanding.clear()
         connection = getattr(self, "_connection", None)
         if connection is not None and connection.is_open:

@@ -28,11 +28,11 @@ import json
 import logging
 import os
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import F, JSONField
+from django.db.models import F
 from django.db.models.functions import Greatest, Least
 from django.utils import timezone
 
@@ -140,6 +140,17 @@ def _no_nul(value: Any, depth: int = 0) -> Any:
     return value
 
 
+def _json_no_nul(value: Any) -> tuple[Any, str]:
+    """``value`` made NUL-free (see ``_no_nul``) and its JSON text, which COPY sends as is.
+    Encoding once is what COPY needs anyway, and JSON escapes every NUL as ``\\u0000``, so the
+    copying walk of ``_no_nul`` only runs for the rare value that holds one."""
+    text = json.dumps(value)
+    if "\\u0000" in text:  # also matches an escaped backslash before "u0000": harmless
+        value = _no_nul(value)
+        text = json.dumps(value)
+    return value, text
+
+
 def _text(value: Any, limit: int) -> str:
     if value is None:
         return ""
@@ -209,12 +220,17 @@ def search_text(body_view: bytes | None, headers: dict[str, Any]) -> str:
     return "\n".join(parts).replace("\x00", " ").lower()[: SEARCH_TEXT_LIMIT * 2]
 
 
-def build_entry(
-    channel: Channel, letter: Letter, source: str, now: dt.datetime
-) -> tuple[DeadLetter, str]:
-    """The unsaved row for ``letter`` and its failure fingerprint."""
-    headers = _no_nul(dict(letter.headers))
-    properties = _no_nul(dict(letter.properties))
+class Built(NamedTuple):
+    entry: DeadLetter  # the unsaved row
+    fingerprint: str  # of its failure, for the group
+    json_text: dict[str, str]  # attname -> JSON text of the row's JSON fields, for COPY
+
+
+def build_entry(channel: Channel, letter: Letter, source: str, now: dt.datetime) -> Built:
+    """The unsaved row for ``letter``, its failure fingerprint and its JSON as text."""
+    headers, headers_json = _json_no_nul(letter.headers)
+    properties, properties_json = _json_no_nul(letter.properties)
+    death_history, death_history_json = _json_no_nul(list(letter.death_history))
     content_type = _text(properties.get("content_type") or headers.get("content-type"), 200)
     document = render.parse_json(letter.body)
     if any(t and t in content_type.lower() for t in JSON_CONTENT_TYPES) or not content_type:
@@ -271,10 +287,15 @@ def build_entry(
         missing_idempotency_key=not idem,
         schema_version=_text(schema, 50) if schema is not None else "",
         is_parseable=is_parseable,
-        death_history=_no_nul(list(letter.death_history)),
+        death_history=death_history,
         search_text=search_text(body_view, visible_headers),
     )
-    return entry, fingerprint(channel.pk, reason, error_class, error_message)
+    json_text = {
+        "headers": headers_json,
+        "properties": properties_json,
+        "death_history": death_history_json,
+    }
+    return Built(entry, fingerprint(channel.pk, reason, error_class, error_message), json_text)
 
 
 # -- one batch: store, then (caller) ack -------------------------------------------------
@@ -290,15 +311,15 @@ def store_batch(
         locked = Channel.objects.select_for_update().select_related("broker").get(pk=channel.pk)
         now = timezone.now()
         built = [build_entry(locked, letter, source, now) for letter in letters]
-        unique: dict[str, tuple[DeadLetter, str]] = {}
-        for entry, fp in built:
-            unique.setdefault(entry.dedupe_key, (entry, fp))
-        groups = _groups_for(locked, {fp for _, fp in unique.values()}, now)
-        for entry, fp in unique.values():
-            entry.group_id = groups[fp].pk
-        link_replayed_parents(entry for entry, _ in unique.values())
-        stored = _insert_new([entry for entry, _ in unique.values()], now)
-        new = {key: unique[key] for key in stored}
+        unique: dict[str, Built] = {}
+        for b in built:
+            unique.setdefault(b.entry.dedupe_key, b)
+        groups = _groups_for(locked, {b.fingerprint for b in unique.values()}, now)
+        for b in unique.values():
+            b.entry.group_id = groups[b.fingerprint].pk
+        link_replayed_parents(b.entry for b in unique.values())
+        stored = _insert_new(list(unique.values()), now)
+        new = {key: (unique[key].entry, unique[key].fingerprint) for key in stored}
         _count_into_groups(groups, new, stored)
         inserted, duplicates = len(new), len(letters) - len(new)
         record(
@@ -321,9 +342,10 @@ def store_batch(
     return inserted, duplicates
 
 
-def _insert_new(entries: list[DeadLetter], now: dt.datetime) -> dict[str, int]:
+def _insert_new(built: list[Built], now: dt.datetime) -> dict[str, int]:
     """INSERT … ON CONFLICT (dedupe_key) DO NOTHING; return {dedupe_key: id} of the rows this
     call inserted (not the ones already stored)."""
+    entries = [b.entry for b in built]
     if connection.vendor != "postgresql":  # SQLite: the ORM's INSERT … ON CONFLICT DO NOTHING
         DeadLetter.objects.bulk_create(entries, batch_size=BATCH_SIZE, ignore_conflicts=True)
         # Rows inserted by this batch carry its exact timestamp; earlier copies (a crash before
@@ -334,8 +356,6 @@ def _insert_new(entries: list[DeadLetter], now: dt.datetime) -> dict[str, int]:
                 "dedupe_key", "id"
             )
         )
-    from psycopg.types.json import Jsonb
-
     # PostgreSQL: the same statement, fed by COPY into a per-connection staging table, because
     # compiling a 500-row INSERT through the ORM costs more than the database's own work
     # (bench/ingest.py), and RETURNING hands back exactly the inserted rows.
@@ -348,15 +368,14 @@ def _insert_new(entries: list[DeadLetter], now: dt.datetime) -> dict[str, int]:
             f"SELECT {columns} FROM {table} WITH NO DATA"
         )
         raw = cursor.cursor  # psycopg's own cursor, for COPY
-        # Values go to COPY as they are (psycopg adapts them), JSON wrapped as jsonb.
-        json_attrs = {f.attname for f in fields if isinstance(f, JSONField)}
+        # Values go to COPY as they are (psycopg adapts them); JSON fields as the text
+        # build_entry already encoded, which the server parses into jsonb (a
+        # JSON field missing from ``Built.json_text`` fails loudly: COPY cannot adapt a dict).
         attnames = [f.attname for f in fields]
         with raw.copy(f"COPY dlq_ingest_stage ({columns}) FROM STDIN") as copy:
-            for entry in entries:
-                values = entry.__dict__
-                copy.write_row(
-                    [Jsonb(values[a]) if a in json_attrs else values[a] for a in attnames]
-                )
+            for b in built:
+                values = {**b.entry.__dict__, **b.json_text}
+                copy.write_row([values[a] for a in attnames])
         cursor.execute(
             f"INSERT INTO {table} ({columns}) SELECT {columns} FROM dlq_ingest_stage "
             "ON CONFLICT (dedupe_key) DO NOTHING RETURNING dedupe_key, id"
