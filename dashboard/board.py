@@ -2,12 +2,19 @@
 
 ``board_rows`` builds the rows with one query (channels joined with their health and broker);
 the websocket push (``dashboard.live``) renders the very same row partial.
+
+A big board is sent in slices: the first response renders the worst ``FIRST_ROWS`` rows and a
+count of every state and flag over all rows (each a filter link), so no unhealthy channel is
+hidden; the remaining rows follow ``MORE_ROWS`` at a time when scrolled into view
+(``?from=N``), or all at once without JavaScript (``?all=1``).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+from collections import Counter
+from functools import cached_property
 from typing import Any
 
 from django.db.models import QuerySet
@@ -25,6 +32,8 @@ from channels_registry.polling import SPARK_MINUTES, stale_after_s
 from dashboard.http import HtmxHttpRequest
 
 STATE_FILTERS = [*HealthState.choices, *DlqFlag.choices]
+FIRST_ROWS = 100
+MORE_ROWS = 300
 
 
 @dataclasses.dataclass
@@ -36,10 +45,17 @@ class BoardRow:
     evidence: list[str]
     dlq_flags: list[tuple[str, str]]
     severity: int
-    spark: SafeString
+    spark_points: list[tuple[float, float | None]]
+    spark_start: float
+    spark_end: float
     last_sample_at: dt.datetime | None
     last_sample_age_s: float | None
     eta: str
+
+    @cached_property
+    def spark(self) -> SafeString:
+        """Drawn only for rows that are rendered (the SVG is the costly part of a row)."""
+        return sparkline(self.spark_points, self.spark_start, self.spark_end)
 
     @property
     def dom_id(self) -> str:
@@ -70,7 +86,9 @@ def make_row(channel: Channel, now: dt.datetime) -> BoardRow:
             ["No sample yet: waiting for the first poll."],
             [],
             SEVERITY[HealthState.UNKNOWN],
-            sparkline([], 0, 1),
+            [],
+            0,
+            1,
             None,
             None,
             "—",
@@ -91,7 +109,7 @@ def make_row(channel: Channel, now: dt.datetime) -> BoardRow:
         severity = max(severity, SEVERITY[HealthState.STALE])
     end = now.replace(second=0, microsecond=0).timestamp()
     start = end - SPARK_MINUTES * 60
-    spark = sparkline([(p[0], p[1]) for p in health.spark or []], start, end)
+    spark = [(p[0], p[1]) for p in health.spark or []]
     if health.eta_s is not None:
         eta = fmt_duration(health.eta_s)
     elif health.backlog and health.drain_rate is not None and health.drain_rate <= 0:
@@ -107,6 +125,8 @@ def make_row(channel: Channel, now: dt.datetime) -> BoardRow:
         flags,
         severity,
         spark,
+        start,
+        end,
         health.last_sample_at,
         (now - health.last_sample_at).total_seconds() if health.last_sample_at else None,
         eta,
@@ -118,6 +138,31 @@ def board_rows(channels: QuerySet[Channel], now: dt.datetime | None = None) -> l
     rows = [make_row(c, now) for c in board_channels(channels)]
     rows.sort(key=lambda r: (-r.severity, r.channel.name.lower(), r.channel.pk))
     return rows
+
+
+def state_counts(rows: list[BoardRow]) -> list[tuple[str, str, int]]:
+    """(value, label, rows) per health state and DLQ flag present, worst first."""
+    counts: Counter[str] = Counter()
+    for r in rows:
+        counts[r.state] += 1
+        counts.update(f for f, _ in r.dlq_flags)
+    labels = dict(STATE_FILTERS)
+    order = sorted(counts, key=lambda v: (-SEVERITY.get(v, 0), v))
+    return [(v, labels.get(v, v), counts[v]) for v in order]
+
+
+def _count_links(counts: list[tuple[str, str, int]], query: Any) -> list[tuple[str, str, int, str]]:
+    """Each count with the query string of the board filtered to it."""
+    links = []
+    for value, label, n in counts:
+        qs = query.copy()
+        qs["state"] = value
+        links.append((value, label, n, qs.urlencode()))
+    return links
+
+
+def _offset(raw: str) -> int:
+    return int(raw) if raw.isdigit() and len(raw) < 7 else 0
 
 
 @require_GET
@@ -137,8 +182,31 @@ def board(request: HtmxHttpRequest) -> HttpResponse:
             for r in rows
             if r.state == filters["state"] or filters["state"] in {f for f, _ in r.dlq_flags}
         ]
+    query = request.GET.copy()
+    for name in ("from", "all"):
+        query.pop(name, None)
+    start = _offset(request.GET.get("from", ""))
+    if start and request.htmx:
+        # The next slice of rows, appended in place of the "more" row that asked for it.
+        end = start + MORE_ROWS
+        more_qs = query.copy()
+        more_qs["from"] = str(end)
+        context_more = {
+            "rows": rows[start:end],
+            "more": max(0, len(rows) - end),
+            "more_qs": more_qs.urlencode(),
+            "query": query.urlencode(),
+        }
+        return render(request, "dashboard/board.html#more", context_more)
+    end = len(rows) if request.GET.get("all") else FIRST_ROWS
+    more_qs = query.copy()
+    more_qs["from"] = str(end)
     context: dict[str, Any] = {
-        "rows": rows,
+        "rows": rows[:end],
+        "total": len(rows),
+        "more": max(0, len(rows) - end),
+        "more_qs": more_qs.urlencode(),
+        "counts": _count_links(state_counts(rows), query),
         "filters": filters,
         "filtered": any(filters.values()),
         "declared": declared,
@@ -149,7 +217,7 @@ def board(request: HtmxHttpRequest) -> HttpResponse:
         .distinct(),
         "brokers": Broker.objects.order_by("name").values_list("name", flat=True),
         "states": STATE_FILTERS,
-        "query": request.GET.urlencode(),
+        "query": query.urlencode(),
         "can_declare": request.user.has_perm("channels_registry.add_channel"),
     }
     template = "dashboard/board.html"

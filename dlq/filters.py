@@ -23,7 +23,9 @@ from dlq.models import DeadLetter, Source, Status
 
 PAGE_SIZE = 50
 MAX_PAGE_SIZE = 200
-COUNT_CAP = 10_000
+# The list's count stops here ("more than 1,000"): counting further cost more than the page
+# itself on a broad filter. The bulk-action preview always counts exactly.
+COUNT_CAP = 1_000
 MIN_SEARCH = 3  # shorter terms cannot use the trigram index
 
 

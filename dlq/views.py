@@ -47,14 +47,22 @@ def group_list(request: HtmxHttpRequest) -> HttpResponse:
     channel = request.GET.get("channel", "")[:100]
     if channel:
         groups = groups.filter(channel__slug=channel)
-    shown = list(groups.order_by("-last_seen", "-id")[: GROUPS_SHOWN + 1])
+    # Samples are fetched for the shown groups only: joined in the query, PostgreSQL looked up
+    # the sample of every group before sorting and cutting to GROUPS_SHOWN.
+    ordered = groups.select_related(None).select_related("channel").order_by("-last_seen", "-id")
+    shown = list(ordered[: GROUPS_SHOWN + 1])
     more = len(shown) > GROUPS_SHOWN
     shown = shown[:GROUPS_SHOWN]
+    samples = dict(
+        DeadLetter.objects.filter(pk__in=[g.sample_id for g in shown if g.sample_id]).values_list(
+            "id", "error_message"
+        )
+    )
     trends = _trends([g.pk for g in shown], timezone.now())
     rows = []
     for g in shown:
         recent, previous = trends.get(g.pk, (0, 0))
-        sample = g.sample.error_message if g.sample else ""
+        sample = samples.get(g.sample_id, "") if g.sample_id else ""
         rows.append(
             {
                 "group": g,

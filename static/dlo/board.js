@@ -44,6 +44,28 @@
   document.addEventListener("htmx:wsClose", function (e) { e.target.__dloOpen = false; lost(); });
   document.addEventListener("htmx:wsError", function (e) { e.target.__dloOpen = false; lost(); });
 
+  // A big board loads its rows in slices (the "more" row). A pushed row that is not loaded
+  // yet is dropped by htmx, unless it needs attention: then it goes above the unloaded part,
+  // so no unhealthy channel stays out of sight. A slice loaded later replaces any copy.
+  document.body.addEventListener("htmx:oobErrorNoTarget", function (e) {
+    var row = e.detail && e.detail.content;
+    var more = document.getElementById("board-more");
+    if (!row || !more || !/^ch-\d+$/.test(row.id || "")) { return; }
+    if (/\brow-(ok|idle)\b/.test(row.className) && !row.querySelector(".state[class*='state-dlq']")) { return; }
+    row.removeAttribute("hx-swap-oob");
+    more.parentNode.insertBefore(row, more);
+  });
+  document.body.addEventListener("htmx:beforeSwap", function (e) {
+    var target = e.detail && e.detail.target;
+    if (!target || target.id !== "board-more") { return; }
+    var incoming = new DOMParser().parseFromString(
+      "<table><tbody>" + e.detail.serverResponse + "</tbody></table>", "text/html");
+    incoming.querySelectorAll("tr[id^='ch-']").forEach(function (tr) {
+      var old = document.getElementById(tr.id);
+      if (old) { old.remove(); }
+    });
+  });
+
   function fmt(seconds) {
     if (seconds < 90) { return Math.max(0, Math.round(seconds)) + " s"; }
     if (seconds < 5400) { return Math.round(seconds / 60) + " min"; }

@@ -185,3 +185,45 @@ def test_channel_page_shows_state_evidence_charts_and_observed(viewer: Any) -> N
     assert "max 40, last 0" in day  # from the minute rollups
     assert 'aria-current="page" class="current">24h<' in day
     assert client.get(channel.get_absolute_url() + "?range=7d").status_code == 200
+
+
+def test_big_board_renders_the_worst_rows_first_and_counts_every_state(
+    viewer: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from dashboard import board
+
+    monkeypatch.setattr(board, "FIRST_ROWS", 3)
+    monkeypatch.setattr(board, "MORE_ROWS", 2)
+    broker = make_broker()
+    ok = [make_channel(broker, slug=f"ok{i}", name=f"Ok {i}", address=f"q{i}") for i in range(5)]
+    for c in ok:
+        _health(c, HealthState.OK)
+    bad = [make_channel(broker, slug=f"bad{i}", name=f"Bad {i}", address=f"b{i}") for i in range(4)]
+    for c in bad:
+        _health(c, HealthState.STALLED)
+    client = client_for(viewer)
+
+    def ids(content: str) -> list[int]:
+        """The channel rows in document order."""
+        found = [(content.find(f'id="ch-{c.pk}"'), c.pk) for c in ok + bad]
+        return [pk for at, pk in sorted(found) if at >= 0]
+
+    first = client.get("/").content.decode()
+    assert ids(first) == [c.pk for c in bad[:3]]  # worst first, cut at FIRST_ROWS
+    # The unhealthy channel below the cut is counted, with a link to the filtered board.
+    assert 'href="?state=stalled">Stalled 4</a>' in first
+    assert 'href="?state=ok">OK 5</a>' in first
+    assert "6 more channels" in first and 'href="/?all=1"' in first
+    assert "9 channels, worst first." in first
+    more = client.get("/?from=3", headers={"HX-Request": "true"}).content.decode()
+    assert "<html" not in more and ids(more) == [bad[3].pk, ok[0].pk]
+    assert 'hx-get="/?from=5"' in more and "4 more channels" in more
+    last = client.get("/?from=7", headers={"HX-Request": "true"}).content.decode()
+    assert ids(last) == [ok[3].pk, ok[4].pk] and 'id="board-more"' not in last
+    everything = client.get("/?all=1").content.decode()
+    assert len(ids(everything)) == 9 and 'id="board-more"' not in everything
+    filtered = client.get("/?state=stalled").content.decode()
+    assert (
+        ids(filtered) == [c.pk for c in bad[:3]]
+        and 'hx-get="/?state=stalled&amp;from=3"' in filtered
+    )

@@ -15,6 +15,7 @@ from channels.testing import WebsocketCommunicator
 from django.apps import apps as django_apps
 from django.conf import settings
 from django.contrib.auth.models import User
+from django.core.cache import cache
 
 from channels_registry.actions import do_poll_broker
 from channels_registry.models import BrokerKind
@@ -39,8 +40,10 @@ def run(scenario: Callable[[], Awaitable[None]]) -> None:
 
 @pytest.fixture(autouse=True)
 def _roles(transactional_db: Any) -> None:
-    """A transactional test starts from a flushed database: recreate the role groups."""
+    """A transactional test starts from a flushed database: recreate the role groups, and
+    forget the digests of rows pushed by an earlier test."""
     sync_roles(django_apps)
+    cache.clear()
 
 
 @pytest.mark.django_db(transaction=True)
@@ -116,7 +119,7 @@ def test_viewer_receives_the_row_partial_after_a_poll(monkeypatch: pytest.Monkey
         outcome = await database_sync_to_async(do_poll_broker)(broker.pk)
         assert outcome.status == "ok" and set(outcome.changed) == {channel.pk, other.pk}
         html = await communicator.receive_from(timeout=5)
-        assert html.startswith(f'\n<tr id="ch-{channel.pk}"')
+        assert html.lstrip().startswith(f'<tr id="ch-{channel.pk}"')
         assert 'hx-swap-oob="true"' in html
         assert '<td class="n">4</td>' in html  # backlog 4, rendered by the page's row partial
         assert f'id="ch-{other.pk}"' not in html  # filtered to the client's team
@@ -152,3 +155,29 @@ def test_updates_are_coalesced_to_the_latest_row_html() -> None:
         await communicator.disconnect()
 
     run(scenario)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_row_is_pushed_only_when_its_html_changed(monkeypatch: pytest.MonkeyPatch) -> None:
+    from channels_registry.health import HealthState
+    from channels_registry.models import ChannelHealth
+    from dashboard import live
+
+    sent: list[dict[str, Any]] = []
+
+    class Layer:
+        async def group_send(self, group: str, message: dict[str, Any]) -> None:
+            sent.append(message)
+
+    monkeypatch.setattr(live, "get_channel_layer", Layer)
+    channel = make_channel(make_broker())
+    health = ChannelHealth.objects.create(
+        channel=channel, state=HealthState.OK, severity=10, backlog=5
+    )
+    assert live.push_board_rows([channel.pk]) == 1
+    assert live.push_board_rows([channel.pk]) == 0  # byte-identical: nothing sent
+    assert len(sent) == 1 and sent[0]["rows"][0]["id"] == channel.pk
+    health.backlog = 6
+    health.save()
+    assert live.push_board_rows([channel.pk]) == 1
+    assert '<td class="n">6</td>' in sent[1]["rows"][0]["html"]
