@@ -269,7 +269,19 @@ def evaluate(
         )
     elif waiting > 0 and (last.active_consumers == 0 or last.consumers == 0):
         state = HealthState.STOPPED
-        evidence.append(f"{fmt_int(backlog)} messages waiting and no active consumer.")
+        held = last.in_flight or 0
+        if held and not backlog:
+            evidence.append(
+                f"{fmt_int(held)} delivered but unacknowledged, and no active consumer to"
+                " finish them."
+            )
+        elif held:
+            evidence.append(
+                f"{fmt_int(backlog)} messages waiting, {fmt_int(held)} unacknowledged, and no"
+                " active consumer."
+            )
+        else:
+            evidence.append(f"{fmt_int(backlog)} messages waiting and no active consumer.")
     elif (
         (last.active_consumers or last.consumers or 0) > 0
         and waiting > 0

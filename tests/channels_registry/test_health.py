@@ -155,7 +155,16 @@ def test_stopped_without_consumers() -> None:
         history(backlog=300, acked=1234, **{**HEALTHY, "consumers": 0, "active_consumers": 0})
     )
     assert result.state == HealthState.STOPPED
-    assert result.evidence[0] == "300 messages waiting and no active consumer."
+    assert result.evidence[0] == ("300 messages waiting, 3 unacknowledged, and no active consumer.")
+
+
+def test_stopped_with_unacknowledged_messages_left_by_a_vanished_consumer() -> None:
+    gone = {**HEALTHY, "consumers": 0, "active_consumers": 0, "in_flight": 3}
+    result = assess(history(backlog=0, acked=1234, **gone))
+    assert result.state == HealthState.STOPPED
+    assert result.evidence[0] == (
+        "3 delivered but unacknowledged, and no active consumer to finish them."
+    )
 
 
 def test_stopped_when_head_moves_and_nothing_is_acked_and_consumers_unknown() -> None:
