@@ -12,7 +12,8 @@ Relay (``run_plan``), one plan at a time under a lease:
    their ``replay_id`` — the SAME id again when the previous attempt's outcome is unknown
    (timeout, connection lost), a new one after a definite refusal (nack, unroutable) — then
    commit. A crash from here on leaves the items SENDING; the next run republishes them with
-   the same id, so extra copies are bounded by one batch and carry the id they share.
+   the same id, so extra copies are bounded by the in-flight window (``IN_FLIGHT``: the relay
+   publishes one batch while it records the one before) and carry the id they share.
 3. Publish the batch: body bytes, original headers minus the broker's death bookkeeping,
    the idempotency key untouched, ``x-dlq-replay-id`` added; persistent, confirmed, mandatory.
 4. In one transaction record each outcome: confirmed → item CONFIRMED, entry REPLAYED; refused
@@ -39,6 +40,8 @@ import socket
 import time
 import uuid
 from collections.abc import Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_futures
 from typing import Any
 
 from django.conf import settings
@@ -67,7 +70,10 @@ from dlq.replay_models import parse_replay_id
 log = logging.getLogger(__name__)
 
 REPLAY_ID_HEADER = "x-dlq-replay-id"
-BATCH_SIZE = 200  # items per publish round trip: the relay's in-flight window
+BATCH_SIZE = 500  # items per publish round trip
+# The relay publishes one batch while it records the outcomes of the one before (see
+# ``_run_replay``): at most this many items are SENDING, and a crash repeats at most these.
+IN_FLIGHT = 2 * BATCH_SIZE
 # A relay renews its lease every batch; a crashed one is taken over once it expires. The
 # environment override is for the fault tests, which restart a killed relay at once.
 LEASE_S = float(os.environ.get("DLO_REPLAY_LEASE_S", "60"))
@@ -515,18 +521,22 @@ def _release(plan_id: int, owner: str) -> None:
 
 
 def _take_batch(
-    plan: ReplayPlan, limit: int, only_in_doubt: bool, upto: int | None = None
+    plan: ReplayPlan,
+    limit: int,
+    only_in_doubt: bool,
+    upto: int | None = None,
+    busy: set[int] | frozenset[int] = frozenset(),
 ) -> list[ReplayItem]:
     """Step 2: claim up to ``limit`` items (positions below ``upto`` when given) for an
-    attempt and persist their replay ids."""
+    attempt and persist their replay ids. ``busy``: SENDING items of this run whose outcome
+    is about to be recorded (not in doubt)."""
     now = timezone.now()
     with transaction.atomic():
         # In-doubt items of a crashed run first: they were (maybe) published already.
-        items = list(
-            ReplayItem.objects.filter(plan=plan, status=ItemStatus.SENDING).order_by("position")[
-                :limit
-            ]
-        )
+        in_doubt = ReplayItem.objects.filter(plan=plan, status=ItemStatus.SENDING)
+        if busy:
+            in_doubt = in_doubt.exclude(pk__in=busy)
+        items = list(in_doubt.order_by("position")[:limit])
         if not items and not only_in_doubt:
             due = Q(next_attempt_at__isnull=True) | Q(next_attempt_at__lte=now)
             if upto is not None:
@@ -565,7 +575,11 @@ def _take_batch(
 
 
 def _record_outcomes(
-    plan: ReplayPlan, items: list[ReplayItem], outcomes: list[PublishOutcome], actor: Actor
+    plan: ReplayPlan,
+    items: list[ReplayItem],
+    outcomes: list[PublishOutcome],
+    actor: Actor,
+    slug: str | None = None,
 ) -> tuple[int, int]:
     """Step 4: one transaction for the batch's outcomes. Returns (confirmed, failed)."""
     by_key = {o.key: o for o in outcomes}
@@ -587,7 +601,7 @@ def _record_outcomes(
         item.status = ItemStatus.PENDING
         item.next_attempt_at = now + dt.timedelta(seconds=backoff(item.attempts))
         retry.append(item)
-    slug = plan.channel.slug
+    slug = plan.channel.slug if slug is None else slug
     with transaction.atomic():
         # Only items still SENDING (a concurrent cancel never touches those, see actions).
         ok_ids = [i.pk for i in ok]
@@ -660,11 +674,12 @@ class _Publishers:
 
         self.plan = plan
         self.adapter = adapter_for(plan.channel)
+        self.nats = plan.channel.broker.kind == BrokerKind.NATS
         self.open: dict[Address, Publisher] = {}
 
     def target_for(self, entry: DeadLetter) -> Address:
         base = Address(self.plan.target_name, self.plan.target_group)
-        if self.plan.channel.broker.kind == BrokerKind.NATS:
+        if self.nats:
             subject = (entry.properties or {}).get("subject")
             stream = (entry.properties or {}).get("stream")
             if isinstance(subject, str) and subject and stream == self.plan.target_name:
@@ -743,25 +758,78 @@ def _start(plan: ReplayPlan) -> None:
         plan.refresh_from_db()
 
 
+@dataclasses.dataclass
+class _InFlight:
+    """A claimed batch whose publish runs on the publisher thread."""
+
+    items: list[ReplayItem]
+    outcomes: Future[list[PublishOutcome]]
+
+
 def _run_replay(plan: ReplayPlan, owner: str, result: RunResult, max_seconds: float) -> RunResult:
+    """Steps 2-5 as a two-stage pipeline: while the broker confirms batch N+1 on the publisher
+    thread, this thread commits the outcomes of batch N (the database and the broker round trips
+    overlap instead of adding up). The order per turn keeps every guarantee of the serial relay:
+
+    a. wait for the batch in flight to be confirmed (or refused);
+    b. claim the next batch (its replay ids are committed before it is handed over);
+    c. hand it to the publisher thread;
+    d. record the outcomes from (a): an entry becomes REPLAYED only after its confirm.
+
+    So at most two batches are SENDING at any time (``IN_FLIGHT``): the one being recorded and
+    the one being published. Only this thread touches the database; only the publisher thread
+    touches the broker connections (neither pika nor the asyncio clients are thread-safe)."""
     actor = Actor.system("replay-relay")
     deadline = time.monotonic() + max_seconds
     crash_after = _crash_point()
     publishers = _Publishers(plan)
+    slug = plan.channel.slug  # once: refresh_from_db() below drops the cached channel
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="replay-publish")
     batches = 0
+    flight: _InFlight | None = None
+
+    def land() -> tuple[list[ReplayItem], list[PublishOutcome]] | None:
+        """Step (a): the outcomes of the batch in flight, if any."""
+        nonlocal flight, batches
+        if flight is None:
+            return None
+        landed, flight = flight, None
+        outcomes = landed.outcomes.result()
+        batches += 1
+        if crash_after is not None and batches >= crash_after:
+            os._exit(137)  # fault injection: published, outcomes not committed
+        return landed.items, outcomes
+
+    def settle(landed: tuple[list[ReplayItem], list[PublishOutcome]] | None) -> None:
+        """Step (d)."""
+        if landed is not None:
+            ok, failed = _record_outcomes(plan, *landed, actor, slug)
+            result.published += len(landed[0])
+            result.confirmed += ok
+            result.failed += failed
+
     try:
         _start(plan)
         while True:
             plan.refresh_from_db()
             if not _renew(plan.pk, owner):
                 result.status = plan.status
-                return result  # someone else took the plan over
+                return result  # taken over: what is in flight stays SENDING for the new owner
             runnable = plan.status in (PlanStatus.QUEUED, PlanStatus.RUNNING)
             # During the canary only the first ``canary_size`` items (by position) go out.
             canary = runnable and bool(plan.canary_size) and plan.canary_passed_at is None
             upto = plan.canary_size if canary else None
-            items = _take_batch(plan, _batch_limit(plan), not runnable, upto)
+            started = time.monotonic()
+            landed = land()
+            busy = {i.pk for i in landed[0]} if landed else set()  # SENDING, but not in doubt
+            items = _take_batch(plan, _batch_limit(plan), not runnable, upto, busy)
+            if items:
+                batch = _outgoing_batch(publishers, items)
+                flight = _InFlight(items, pool.submit(publishers.publish, batch))
+            settle(landed)
             if not items:
+                if landed is not None:
+                    continue  # the outcomes just recorded may have made items due again
                 if not runnable:
                     break  # paused / cancelled / halted, and nothing in doubt
                 wait = _next_due_in(plan, upto)
@@ -780,32 +848,33 @@ def _run_replay(plan: ReplayPlan, owner: str, result: RunResult, max_seconds: fl
                     break
                 time.sleep(min(wait, 5.0))
                 continue
-            started = time.monotonic()
-            entries = DeadLetter.objects.only("id", "body", "headers", "properties").in_bulk(
-                [i.entry_id for i in items]
-            )
-            batch = [(publishers.target_for(entries[i.entry_id]), outgoing(entries[i.entry_id], i))
-                     for i in items]  # fmt: skip
-            outcomes = publishers.publish(batch)
-            batches += 1
-            if crash_after is not None and batches >= crash_after:
-                os._exit(137)
-            ok, failed = _record_outcomes(plan, items, outcomes, actor)
-            result.published += len(items)
-            result.confirmed += ok
-            result.failed += failed
             if plan.velocity:
                 spare = len(items) / plan.velocity - (time.monotonic() - started)
                 if spare > 0:
                     time.sleep(spare)
             if time.monotonic() > deadline:
+                settle(land())
                 result.more = True
                 break
     finally:
-        publishers.close()
+        if flight is not None:  # an error or a lost lease: let the publish end, record nothing
+            wait_futures([flight.outcomes])
+        pool.submit(publishers.close).result()
+        pool.shutdown()
     plan.refresh_from_db()
     result.status = plan.status
     return result
+
+
+def _outgoing_batch(
+    publishers: _Publishers, items: list[ReplayItem]
+) -> list[tuple[Address, OutgoingMessage]]:
+    """Step 3's messages, bodies read once per attempt (one query per batch)."""
+    entries = DeadLetter.objects.only("id", "body", "headers", "properties").in_bulk(
+        [i.entry_id for i in items]
+    )
+    return [(publishers.target_for(entries[i.entry_id]), outgoing(entries[i.entry_id], i))
+            for i in items]  # fmt: skip
 
 
 def _batch_limit(plan: ReplayPlan) -> int:

@@ -28,8 +28,7 @@ class RecordingPublisher(Publisher):
             self.adapter.sent.append((self.target, message))
             n = sum(1 for _, m in self.adapter.sent if m.key == message.key)
             outcomes.append(self.adapter.policy(message, n))
-        for hook in self.adapter.after_publish:
-            hook(messages)
+        self.adapter.unhooked.append(messages)
         return outcomes
 
     def close(self) -> None:
@@ -43,7 +42,17 @@ class RecordingAdapter(BrokerAdapter):
         super().__init__("fake://")
         self.sent: list[tuple[Address, OutgoingMessage]] = []
         self.policy: Policy = lambda m, n: Outcome(m.key, True)
+        # Side effects of a publish (a consumer dead-letters the message again). They run on
+        # the relay's own thread when the batch's outcomes are recorded, not on the publisher
+        # thread: the test database connection is not shared across threads.
         self.after_publish: list[Callable[[Sequence[OutgoingMessage]], None]] = []
+        self.unhooked: list[Sequence[OutgoingMessage]] = []
+
+    def run_hooks(self) -> None:
+        while self.unhooked:
+            messages = self.unhooked.pop(0)
+            for hook in self.after_publish:
+                hook(messages)
 
     def ping(self) -> None:
         return None
@@ -66,6 +75,13 @@ def publisher(monkeypatch: pytest.MonkeyPatch) -> Iterator[RecordingAdapter]:
     adapter = RecordingAdapter()
     monkeypatch.setattr(ingest, "adapter_for", lambda channel: adapter)
     monkeypatch.setattr(replay, "backoff", lambda attempt: 0.0)
+    record_outcomes = replay._record_outcomes
+
+    def hooked(*args: Any, **kwargs: Any) -> tuple[int, int]:
+        adapter.run_hooks()
+        return record_outcomes(*args, **kwargs)
+
+    monkeypatch.setattr(replay, "_record_outcomes", hooked)
     yield adapter
 
 

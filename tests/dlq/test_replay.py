@@ -314,20 +314,24 @@ def test_a_lost_confirm_republishes_with_the_same_replay_id(
     assert DeadLetter.objects.get().status == Status.REPLAYED
 
 
-def test_pause_stops_and_resume_continues(oncall: User, publisher: RecordingAdapter) -> None:
+def test_pause_stops_and_resume_continues(
+    oncall: User, publisher: RecordingAdapter, monkeypatch: pytest.MonkeyPatch
+) -> None:
     entries = _entries(3)
     plan = plan_for(entries, oncall, velocity=1000.0)
     ReplayPlan.objects.filter(pk=plan.pk).update(velocity=1.0)  # one item per batch
-    publisher.after_publish.append(
-        lambda msgs: (
+    take_batch = replay._take_batch
+
+    def pause_while_the_first_batch_is_out(*args: Any, **kwargs: Any) -> list[ReplayItem]:
+        items = take_batch(*args, **kwargs)
+        if items and not ReplayPlan.objects.filter(pk=plan.pk, status=PlanStatus.PAUSED).exists():
             do_pause_plan(plan.pk, actor=Actor.for_user(oncall), reason="look")
-            if not ReplayPlan.objects.filter(pk=plan.pk, status=PlanStatus.PAUSED).exists()
-            else None
-        )
-    )
+        return items
+
+    monkeypatch.setattr(replay, "_take_batch", pause_while_the_first_batch_is_out)
     result = replay.run_plan(plan.pk)
     assert result.status == PlanStatus.PAUSED and len(publisher.sent) == 1
-    publisher.after_publish.clear()
+    monkeypatch.setattr(replay, "_take_batch", take_batch)
     do_resume_plan(plan.pk, actor=Actor.for_user(oncall))
     ReplayPlan.objects.filter(pk=plan.pk).update(velocity=None)
     assert replay.run_plan(plan.pk).status == PlanStatus.DONE

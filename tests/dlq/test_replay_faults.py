@@ -1,6 +1,6 @@
 """The relay under ``kill -9``, against the real RabbitMQ and PostgreSQL on loopback.
 
-A 1,000-entry replay runs as a subprocess (``manage.py replay --plan ID --run``) on its own
+A five-batch replay runs as a subprocess (``manage.py replay --plan ID --run``) on its own
 database; it is killed at a random point (or exactly between a publish and the commit of its
 outcomes) and restarted. Afterwards: every entry REPLAYED or FAILED, none stuck; every replay id
 arrived at the origin queue at least once; extra copies at most the relay's in-flight window and
@@ -23,14 +23,14 @@ from typing import Any
 
 import pytest
 
-from dlq.replay import BATCH_SIZE
+from dlq.replay import BATCH_SIZE, IN_FLIGHT
 
 pytestmark = [pytest.mark.slow, pytest.mark.broker, pytest.mark.timeout(600)]
 
 ROOT = Path(__file__).resolve().parents[2]
 AMQP_URL = os.environ.get("DLO_TEST_RABBITMQ_URL", "amqp://guest:guest@127.0.0.1:5672/%2F")
 PG = os.environ.get("DLO_TEST_PG_ADMIN_URL", "postgres://postgres@127.0.0.1:5432/postgres")
-COUNT = 1_000
+COUNT = 5 * BATCH_SIZE  # five batches: room to kill the relay between any two of them
 
 
 def _pg(dbname: str = "postgres") -> Any:
@@ -63,6 +63,7 @@ def fault() -> Iterator[dict[str, Any]]:
         "FAULT_RABBIT_URL": AMQP_URL,
         "DJANGO_SETTINGS_MODULE": "dashboard.settings",
         "DLO_REPLAY_LEASE_S": "1",
+        "DLO_FOUR_EYES_THRESHOLD": str(COUNT),  # the plan runs without a second person
     }
     for name in ("DLO_TEST_RELAY_CRASH_AFTER", "CELERY_BROKER_URL"):
         env.pop(name, None)
@@ -145,7 +146,7 @@ def _assert_every_entry_accounted_for(fault: dict[str, Any], crashes: int) -> in
     assert final_ids <= set(counts)  # every replay id arrived at least once
     assert set(counts) <= final_ids  # no copy carries a foreign id
     extra = len(received) - len(final_ids)
-    assert 0 <= extra <= crashes * BATCH_SIZE  # duplicates bounded by the in-flight window
+    assert 0 <= extra <= crashes * IN_FLIGHT  # duplicates bounded by the in-flight window
     per_entry = collections.Counter((t, a) for t, a in audit)
     for entry_id in {t for t, _ in audit}:
         assert per_entry[(entry_id, "dlq.replay.request")] == 1
@@ -163,7 +164,7 @@ def _assert_every_entry_accounted_for(fault: dict[str, Any], crashes: int) -> in
 
 
 def test_kill_9_at_a_random_point_then_restart(fault: dict[str, Any]) -> None:
-    target = random.randint(50, COUNT - 100)
+    target = random.randint(50, COUNT - 2 * BATCH_SIZE)
     proc = _relay(fault)
     deadline = time.monotonic() + 120
     while _confirmed(fault["db"]) < target and proc.poll() is None:
