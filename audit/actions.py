@@ -67,6 +67,17 @@ def diff(before: Mapping[str, Any] | None, after: Mapping[str, Any] | None) -> d
     }
 
 
+def _lock_head() -> AuditHead:
+    """Lock the chain's head row, creating it first if it is missing (the migration creates
+    it; a wiped table does not have it). ``ignore_conflicts`` makes concurrent first writers
+    agree on one row instead of failing on its primary key."""
+    head = AuditHead.objects.select_for_update().filter(pk=1).first()
+    if head is None:
+        AuditHead.objects.bulk_create([AuditHead(pk=1, seq=0, hash="")], ignore_conflicts=True)
+        head = AuditHead.objects.select_for_update().get(pk=1)
+    return head
+
+
 def record(
     action: str,
     *,
@@ -93,9 +104,7 @@ def record(
         target_id = target_id or str(target.pk)
         target_repr = target_repr or str(target)
     with transaction.atomic():
-        head = AuditHead.objects.select_for_update().filter(pk=1).first()
-        if head is None:
-            head = AuditHead.objects.create(pk=1, seq=0, hash="")
+        head = _lock_head()
         clean_before, clean_after = _clean(before), _clean(after)
         changes = _clean(diff(before, after)) if before is not None and after is not None else None
         event = AuditEvent(
@@ -223,9 +232,7 @@ def record_many(specs: list[EventSpec], *, actor: Actor) -> int:
     if not specs:
         return 0
     with transaction.atomic():
-        head = AuditHead.objects.select_for_update().filter(pk=1).first()
-        if head is None:
-            head = AuditHead.objects.create(pk=1, seq=0, hash="")
+        head = _lock_head()
         seq, prev = head.seq, head.hash or GENESIS
         now = timezone.now()
         # The hashed fields are built as the plain dict ``AuditEvent.canonical_fields()`` would
