@@ -19,6 +19,7 @@ from django.db.models import QuerySet
 from django.utils import timezone
 from django.utils.dateparse import parse_date, parse_datetime
 
+from channels_registry.models import Channel
 from dlq.models import DeadLetter, Source, Status
 
 PAGE_SIZE = 50
@@ -103,7 +104,14 @@ class EntryFilter:
 
     def apply(self, entries: QuerySet[DeadLetter]) -> QuerySet[DeadLetter]:
         if self.channel:
-            entries = entries.filter(channel__slug=self.channel)
+            # A concrete id, not a join on the slug: the planner then walks the (channel, id)
+            # index instead of scanning every entry backwards for a channel that may not exist.
+            channel_id = (
+                Channel.objects.filter(slug=self.channel).values_list("pk", flat=True).first()
+            )
+            if channel_id is None:
+                return entries.none()
+            entries = entries.filter(channel_id=channel_id)
         if self.source:
             entries = entries.filter(source=self.source)
         if self.status:

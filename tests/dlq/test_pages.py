@@ -198,3 +198,18 @@ def test_nav_and_channel_page_link_to_dead_letters(viewer: User) -> None:
     html = client_for(viewer).get(f"/channels/{channel.slug}/").content.decode()
     assert 'href="/dead-letters/"' in html
     assert "/dead-letters/list/?channel=orders" in html
+
+
+def test_filter_by_an_unknown_channel_is_empty_not_everything(viewer: User) -> None:
+    from dlq.filters import EntryFilter
+
+    channel = make_channel()
+    store(channel, letter())
+    entries = EntryFilter.from_params({"channel": "no-such-channel"}).apply(
+        DeadLetter.objects.all()
+    )
+    assert list(entries) == []
+    assert (
+        EntryFilter.from_params({"channel": channel.slug}).apply(DeadLetter.objects.all()).count()
+        == 1
+    )
