@@ -83,3 +83,55 @@ def test_board_row_turns_stopped_live(
     assert "25" in row.inner_text()
     tab.shot("board-stopped")
     tab.check_clean()
+
+
+def test_board_says_when_live_updates_are_lost_and_falls_back_to_polling(
+    journey: Any, rabbit_queue: tuple[Any, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    amqp, queue = rabbit_queue
+    monkeypatch.setenv("E2E_RABBITMQ_URL", AMQP_URL)
+    browser_user("otto", "oncall")
+    broker = make_broker(name="live-rabbit", url_env="E2E_RABBITMQ_URL")
+    channel = make_channel(
+        broker,
+        name="Live orders",
+        slug="live-orders",
+        address=queue,
+        dlq_address="",
+        poison_address="",
+        dlq_strategies=[],
+        alert_dlq_depth=None,
+    )
+    off_loop(do_poll_broker, broker.pk, force=True)
+
+    tab = journey("oncall-socket-lost")
+    tab.sign_in("otto", PASSWORD)
+    tab.go("/channels/")
+    routes: list[Any] = []
+
+    def connect(route: Any) -> None:
+        # The first socket goes through; once the test drops it, every reconnect is refused.
+        if routes:
+            route.close(code=1011, reason="refused by the test")
+            return
+        routes.append(route)
+        route.connect_to_server()
+
+    tab.page.route_web_socket("**/ws/board/**", connect)
+    tab.go("/")
+    tab.wait_until(lambda: tab.page.evaluate("document.getElementById('board').__dloOpen"))
+    banner = tab.page.locator("#live-lost")
+    assert banner.is_hidden()
+
+    routes[0].close(code=1011, reason="server went away")
+    expect(banner).to_be_visible(timeout=10_000)
+    expect(banner).to_contain_text("refreshing every 15 s")
+    tab.shot("socket-lost")
+
+    # The fallback: the next refresh (every 15 s) shows what a poll changed meanwhile.
+    for i in range(9):
+        amqp.basic_publish("", queue, f'{{"n": {i}}}'.encode())
+    off_loop(do_poll_broker, broker.pk, force=True)
+    row = tab.page.locator(f"#ch-{channel.pk}")
+    expect(row).to_contain_text("STOPPED", ignore_case=True, timeout=25_000)
+    tab.check_clean()
