@@ -87,7 +87,13 @@ def group_list(request: HtmxHttpRequest) -> HttpResponse:
 @require_GET
 def entry_list(request: HtmxHttpRequest) -> HttpResponse:
     f = EntryFilter.from_params(request.GET)
-    entries = f.apply(entries_for_user(request)).select_related("channel")
+    # The list shows metadata only: never load 50 bodies (up to 1 MiB each), headers or the
+    # search text to render one page.
+    entries = (
+        f.apply(entries_for_user(request))
+        .select_related("channel")
+        .defer("body", "headers", "properties", "death_history", "search_text")
+    )
     after = request.GET.get("after", "")
     after_id = int(after) if after.isdigit() and len(after) < 19 else None
     page = keyset_page(entries, after_id, PAGE_SIZE)

@@ -213,3 +213,15 @@ def test_filter_by_an_unknown_channel_is_empty_not_everything(viewer: User) -> N
         EntryFilter.from_params({"channel": channel.slug}).apply(DeadLetter.objects.all()).count()
         == 1
     )
+
+
+def test_list_page_never_loads_bodies(viewer: User) -> None:
+    channel = make_channel()
+    store(channel, letter(b"x" * 100_000), letter(b"y" * 100_000))
+    with CaptureQueriesContext(connection) as queries:
+        response = client_for(viewer).get("/dead-letters/list/")
+    assert response.status_code == 200
+    entry_queries = [q["sql"] for q in queries.captured_queries if "dlq_deadletter" in q["sql"]]
+    assert entry_queries
+    assert not any('"dlq_deadletter"."body"' in sql for sql in entry_queries)
+    assert not any('"dlq_deadletter"."search_text"' in sql for sql in entry_queries)
