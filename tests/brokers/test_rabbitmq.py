@@ -162,12 +162,12 @@ def test_poll_reports_exact_ready_unacked_and_consumers(
         expected = {"exists": True, "backlog": 3, "consumers": 1, "in_flight": None}
     else:
         expected = {"exists": True, "backlog": 3, "in_flight": 2, "retained": 5, "consumers": 1}
+    if path == "management":
+        # message_stats (the positions) can arrive a refresh after the counts: wait for both.
+        expected.update(produced=5, active_consumers=1)
     stats = wait_for_stats(adapter_for(path), address, expected)
 
-    if path == "management":
-        assert stats.produced == 5
-        assert stats.active_consumers == 1
-    else:
+    if path != "management":
         assert stats.produced is None
         assert stats.retained is None if path == "passive" else stats.retained == 5
 
