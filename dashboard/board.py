@@ -77,13 +77,18 @@ def board_channels(channels: QuerySet[Channel]) -> QuerySet[Channel]:
 
 def make_row(channel: Channel, now: dt.datetime) -> BoardRow:
     health: ChannelHealth | None = getattr(channel, "health", None)
+    disabled = (
+        f"Broker {channel.broker.name} is disabled: its channels are not polled."
+        if not channel.broker.enabled
+        else ""
+    )
     if health is None:
         return BoardRow(
             channel,
             None,
             HealthState.UNKNOWN,
             HealthState.UNKNOWN.label,
-            ["No sample yet: waiting for the first poll."],
+            [disabled or "No sample yet: waiting for the first poll."],
             [],
             SEVERITY[HealthState.UNKNOWN],
             [],
@@ -103,7 +108,8 @@ def make_row(channel: Channel, now: dt.datetime) -> BoardRow:
         state = HealthState.STALE
         age = (now - health.updated_at).total_seconds() if health.updated_at else None
         evidence = [
-            f"No poll for {fmt_duration(age)}: is the scheduler running?"
+            disabled
+            or f"No poll for {fmt_duration(age)}: is the scheduler running?"
             " (python manage.py poll --once)"
         ]
         severity = max(severity, SEVERITY[HealthState.STALE])

@@ -93,6 +93,20 @@ def test_old_health_is_shown_stale_never_ok(viewer: Any) -> None:
     assert 'class="state state-ok"' not in content
 
 
+def test_channel_of_a_disabled_broker_says_so_instead_of_blaming_the_scheduler(
+    viewer: Any,
+) -> None:
+    broker = make_broker(enabled=False)
+    never = make_channel(broker, slug="never", name="Never", address="never")
+    old = timezone.now() - dt.timedelta(minutes=20)
+    _health(make_channel(broker), HealthState.OK, updated_at=old, last_sample_at=old)
+    content = client_for(viewer).get("/").content.decode()
+    assert content.count(f"Broker {broker.name} is disabled: its channels are not polled.") == 2
+    assert "is the scheduler running?" not in content
+    assert "waiting for the first poll" not in content[content.index(f'id="ch-{never.pk}"') :]
+    assert 'class="state state-ok"' not in content
+
+
 def test_htmx_request_gets_the_board_partial_only(viewer: Any) -> None:
     _health(make_channel(), HealthState.OK)
     client = client_for(viewer)
