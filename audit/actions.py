@@ -78,6 +78,49 @@ def _lock_head() -> AuditHead:
     return head
 
 
+def _event_fields(
+    *,
+    seq: int,
+    prev_hash: str,
+    now: dt.datetime,
+    actor: Actor,
+    action: str,
+    target_type: str,
+    target_id: str | int,
+    target_repr: str,
+    channel_slug: str,
+    reason: str,
+    before: Mapping[str, Any] | None,
+    after: Mapping[str, Any] | None,
+    changes: Mapping[str, Any] | None,
+    outcome: str,
+) -> dict[str, Any]:
+    """The one builder of an event's stored fields, ``hash`` included, for ``record`` and
+    ``record_many``: values truncated and cleaned as the database will give them back, hashed
+    over exactly what ``AuditEvent.canonical_fields()`` returns for the saved row."""
+    fields: dict[str, Any] = {
+        "seq": seq,
+        "created_at": canonical_time(now),
+        "actor_id": actor.user_id,
+        "actor_username": _text(actor.username, 150),
+        "source_ip": actor.ip,
+        "action": action,
+        "target_type": _text(target_type, 64),
+        "target_id": _text(str(target_id), 64),
+        "target_repr": _text(target_repr, 300),
+        "channel_slug": channel_slug,
+        "reason": _text(reason),
+        "before": _clean(before),
+        "after": _clean(after),
+        "changes": _clean(changes),
+        "outcome": outcome,
+        "prev_hash": prev_hash,
+    }
+    fields["hash"] = compute_hash(fields)
+    fields["created_at"] = now
+    return fields
+
+
 def record(
     action: str,
     *,
@@ -105,27 +148,24 @@ def record(
         target_repr = target_repr or str(target)
     with transaction.atomic():
         head = _lock_head()
-        clean_before, clean_after = _clean(before), _clean(after)
-        changes = _clean(diff(before, after)) if before is not None and after is not None else None
-        event = AuditEvent(
+        changes = diff(before, after) if before is not None and after is not None else None
+        fields = _event_fields(
             seq=head.seq + 1,
-            created_at=timezone.now(),
-            actor_id=actor.user_id,
-            actor_username=_text(actor.username, 150),
-            source_ip=actor.ip,
+            prev_hash=head.hash or GENESIS,
+            now=timezone.now(),
+            actor=actor,
             action=action,
-            target_type=_text(target_type, 64),
-            target_id=_text(str(target_id), 64),
-            target_repr=_text(target_repr, 300),
+            target_type=target_type,
+            target_id=target_id,
+            target_repr=target_repr,
             channel_slug=channel_slug,
-            reason=_text(reason),
-            before=clean_before,
-            after=clean_after,
+            reason=reason,
+            before=before,
+            after=after,
             changes=changes,
             outcome=outcome,
-            prev_hash=head.hash or GENESIS,
         )
-        event.hash = compute_hash(event.canonical_fields())
+        event = AuditEvent(**fields)
         event.save(force_insert=True)
         AuditHead.objects.filter(pk=1).update(seq=event.seq, hash=event.hash)
     return event
@@ -235,35 +275,26 @@ def record_many(specs: list[EventSpec], *, actor: Actor) -> int:
         head = _lock_head()
         seq, prev = head.seq, head.hash or GENESIS
         now = timezone.now()
-        # The hashed fields are built as the plain dict ``AuditEvent.canonical_fields()`` would
-        # return (the same hash, see audit.chain), without a model instance per event: the
-        # per-event cost is what bounds a replay's rate. Shared values are computed once.
-        common = {
-            "created_at": canonical_time(now),
-            "actor_id": actor.user_id,
-            "actor_username": _text(actor.username, 150),
-            "source_ip": actor.ip,
-            "before": None,
-            "changes": None,
-        }
         rows = []
         for spec in specs:
             seq += 1
-            fields = {
-                **common,
-                "seq": seq,
-                "action": spec.action,
-                "target_type": _text(spec.target_type, 64),
-                "target_id": _text(str(spec.target_id), 64),
-                "target_repr": _text(spec.target_repr, 300),
-                "channel_slug": spec.channel_slug,
-                "reason": _text(spec.reason),
-                "after": _clean(spec.after),
-                "outcome": spec.outcome,
-                "prev_hash": prev,
-            }
-            fields["hash"] = prev = compute_hash(fields)
-            fields["created_at"] = now
+            fields = _event_fields(
+                seq=seq,
+                prev_hash=prev,
+                now=now,
+                actor=actor,
+                action=spec.action,
+                target_type=spec.target_type,
+                target_id=spec.target_id,
+                target_repr=spec.target_repr,
+                channel_slug=spec.channel_slug,
+                reason=spec.reason,
+                before=None,
+                after=spec.after,
+                changes=None,
+                outcome=spec.outcome,
+            )
+            prev = fields["hash"]
             rows.append(fields)
         if connection.vendor == "postgresql":
             _copy_events(rows)

@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import json
 from typing import Any
+from unittest import mock
 
 import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.db import DatabaseError, connection, transaction
+from django.utils import timezone
 
 from audit import triggers
-from audit.actions import Actor, record, verify_chain
+from audit.actions import Actor, EventSpec, record, record_many, verify_chain
 from audit.chain import GENESIS, compute_hash
-from audit.models import AuditEvent, AuditHead
+from audit.models import AuditEvent, AuditHead, Outcome
 
 pytestmark = pytest.mark.django_db
 
@@ -186,3 +188,43 @@ def test_verify_file_checks_an_exported_range(tmp_path: Any) -> None:
     path.write_text("\n".join(lines) + "\n")
     with pytest.raises(CommandError, match="BROKEN at seq 3"):
         call_command("audit", "verify", "--file", str(path))
+
+
+def test_record_and_record_many_hash_the_same_event_identically() -> None:
+    """Both writers build events through one helper: the same event at the same place in the
+    chain gets the same stored fields and hash, whichever wrote it."""
+    write_events(1)
+    now = timezone.now()
+    actor = Actor(7, "tess\x00" + "x" * 200, "10.0.0.1")
+    spec = EventSpec(
+        action="test.bulk",
+        target_type="thing",
+        target_id=42,
+        target_repr="é" * 400,
+        channel_slug="orders",
+        reason="nul \x00 here",
+        after={"when": now, "v": "\x00"},
+        outcome=Outcome.FAILED,
+    )
+    fields = [f.name for f in AuditEvent._meta.concrete_fields if f.name != "id"]
+    with mock.patch("audit.actions.timezone.now", return_value=now):
+        with transaction.atomic():
+            single = record(
+                spec.action,
+                actor=actor,
+                target_type=spec.target_type,
+                target_id=spec.target_id,
+                target_repr=spec.target_repr,
+                channel_slug=spec.channel_slug,
+                reason=spec.reason,
+                after=spec.after,
+                outcome=spec.outcome,
+            )
+            by_record = AuditEvent.objects.filter(pk=single.pk).values(*fields).get()
+            transaction.set_rollback(True)
+        assert not AuditEvent.objects.filter(seq=2).exists()
+        assert record_many([spec], actor=actor) == 1
+    by_many = AuditEvent.objects.filter(seq=2).values(*fields).get()
+    assert by_many == by_record
+    assert single.hash == by_many["hash"] == compute_hash(single.canonical_fields())
+    assert verify_chain().ok
