@@ -456,11 +456,15 @@ def _topology_dict(topology: Topology) -> dict[str, Any]:
     return data
 
 
-def due_brokers(now: dt.datetime) -> list[int]:
-    """Brokers whose next poll is due, claimed for scheduling by a conditional UPDATE of
-    ``next_due_at`` so that two schedulers do not enqueue the same broker twice."""
+def due_brokers(now: dt.datetime, *, name: str | None = None) -> list[int]:
+    """Brokers whose next poll is due (only the one called ``name``, if given), claimed for
+    scheduling by a conditional UPDATE of ``next_due_at`` so that two schedulers do not
+    enqueue the same broker twice."""
     due: list[int] = []
-    for broker in Broker.objects.filter(enabled=True).only("pk", "poll_interval_s"):
+    brokers = Broker.objects.filter(enabled=True)
+    if name:
+        brokers = brokers.filter(name=name)
+    for broker in brokers.only("pk", "poll_interval_s"):
         state, _ = BrokerPollState.objects.get_or_create(broker=broker)
         if state.next_due_at is not None and state.next_due_at > now:
             continue

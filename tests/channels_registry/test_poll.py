@@ -243,6 +243,37 @@ def test_scheduler_enqueues_due_broker_once(amqp: Any, rabbit_broker: Any) -> No
     assert due_brokers(now) == []  # claimed until its interval passes
 
 
+def test_scheduler_for_one_broker_leaves_the_others_unclaimed() -> None:
+    wanted, other = make_broker(name="wanted"), make_broker(name="other")
+    now = timezone.now()
+    assert due_brokers(now, name="wanted") == [wanted.pk]
+    assert due_brokers(now) == [other.pk]
+
+
+def test_poll_command_forever_polls_only_the_named_broker(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from channels_registry.management.commands import poll
+
+    make_broker(name="wanted")
+    asked: list[str | None] = []
+
+    def due(now: Any, *, name: str | None = None) -> list[int]:
+        asked.append(name)
+        return []
+
+    def stop(seconds: float) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(poll, "due_brokers", due)
+    monkeypatch.setattr(poll.time, "sleep", stop)
+    call_command("poll", "--broker", "wanted")
+    assert asked == ["wanted"]
+    call_command("poll", "--broker", "nosuch")
+    assert "No enabled broker named 'nosuch': nothing to poll." in capsys.readouterr().out
+    assert asked == ["wanted"]
+
+
 def test_prune_deletes_old_samples_and_rollups_in_batches(amqp: Any, rabbit_broker: Any) -> None:
     channel = make_channel(rabbit_broker, address=_queue(amqp, 1))
     old = timezone.now() - dt.timedelta(days=40)

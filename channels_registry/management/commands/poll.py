@@ -23,11 +23,12 @@ class Command(BaseCommand):
         brokers = Broker.objects.filter(enabled=True).order_by("name")
         if options["broker"]:
             brokers = brokers.filter(name=options["broker"])
-        if not options["once"]:
-            self._forever()
-            return
         if not brokers.exists():
-            self.stdout.write("No enabled broker is declared: nothing to poll.")
+            named = f" named {options['broker']!r}" if options["broker"] else " is declared"
+            self.stdout.write(f"No enabled broker{named}: nothing to poll.")
+            return
+        if not options["once"]:
+            self._forever(options["broker"])
             return
         outcomes = [do_poll_broker(b.pk, force=True) for b in brokers]
         for outcome in outcomes:
@@ -50,11 +51,11 @@ class Command(BaseCommand):
             f"{trips}{errors}"
         )
 
-    def _forever(self) -> None:
+    def _forever(self, name: str | None) -> None:
         self.stdout.write("Polling brokers as they fall due; Ctrl-C to stop.")
         try:
             while True:
-                for broker_id in due_brokers(timezone.now()):
+                for broker_id in due_brokers(timezone.now(), name=name):
                     self.stdout.write(self._line(do_poll_broker(broker_id)))
                 time.sleep(1.0)
         except KeyboardInterrupt:
