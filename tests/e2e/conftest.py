@@ -232,3 +232,33 @@ def browser_user(username: str, *roles: str, staff: bool = False) -> Any:
     user.password = make_password(PASSWORD, hasher="pbkdf2_sha256")
     user.save(update_fields=["password"])
     return user
+
+
+AMQP_URL = "amqp://guest:guest@127.0.0.1:5672/%2F"
+
+
+@pytest.fixture
+def rabbit(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Any, str]]:
+    """A RabbitMQ channel and a fresh queue ``name`` with its ``name.dlq``; the server process
+    resolves the broker URL from ``E2E_RABBITMQ_URL``."""
+    import uuid
+
+    import pika
+
+    from tests.conftest import broker_required
+
+    try:
+        connection = pika.BlockingConnection(pika.URLParameters(AMQP_URL + "?socket_timeout=3"))
+    except Exception as exc:  # any connection failure means the broker is not there
+        broker_required("RabbitMQ", exc)
+    monkeypatch.setenv("E2E_RABBITMQ_URL", AMQP_URL)
+    amqp = connection.channel()
+    name = f"e2e.{uuid.uuid4().hex[:8]}"
+    amqp.queue_declare(name)
+    amqp.queue_declare(f"{name}.dlq")
+    try:
+        yield amqp, name
+    finally:
+        amqp.queue_delete(name)
+        amqp.queue_delete(f"{name}.dlq")
+        connection.close()

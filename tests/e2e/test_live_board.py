@@ -3,45 +3,20 @@ on the real broker with no consumer, a poll runs, and its row turns STOPPED with
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from playwright.sync_api import expect
 
 from channels_registry.polling import do_poll_broker
-from tests.conftest import PASSWORD, broker_required, make_broker, make_channel
+from tests.conftest import PASSWORD, make_broker, make_channel
 from tests.e2e.conftest import browser_user, off_loop
 
 pytestmark = [pytest.mark.browser, pytest.mark.broker, pytest.mark.django_db(transaction=True)]
 
-AMQP_URL = "amqp://guest:guest@127.0.0.1:5672/%2F"
 
-
-@pytest.fixture
-def rabbit_queue() -> Iterator[tuple[Any, str]]:
-    import pika
-
-    try:
-        connection = pika.BlockingConnection(pika.URLParameters(AMQP_URL + "?socket_timeout=3"))
-    except Exception as exc:  # any connection failure means the broker is not there
-        broker_required("RabbitMQ", exc)
-    channel = connection.channel()
-    name = f"e2e.live.{uuid.uuid4().hex[:8]}"
-    channel.queue_declare(name, durable=False)
-    try:
-        yield channel, name
-    finally:
-        channel.queue_delete(name)
-        connection.close()
-
-
-def test_board_row_turns_stopped_live(
-    journey: Any, rabbit_queue: tuple[Any, str], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    amqp, queue = rabbit_queue
-    monkeypatch.setenv("E2E_RABBITMQ_URL", AMQP_URL)
+def live_channel(queue: str) -> Any:
+    """An oncall user, a broker on the test's RabbitMQ and a channel on ``queue``, polled once."""
     browser_user("otto", "oncall")
     broker = make_broker(name="live-rabbit", url_env="E2E_RABBITMQ_URL")
     channel = make_channel(
@@ -54,7 +29,14 @@ def test_board_row_turns_stopped_live(
         dlq_strategies=[],
         alert_dlq_depth=None,
     )
-    do_poll_broker(broker.pk, force=True)
+    off_loop(do_poll_broker, broker.pk, force=True)
+    return channel
+
+
+def test_board_row_turns_stopped_live(journey: Any, rabbit: tuple[Any, str]) -> None:
+    amqp, queue = rabbit
+    channel = live_channel(queue)
+    broker = channel.broker
 
     tab = journey("oncall-live")
     tab.sign_in("otto", PASSWORD)
@@ -86,23 +68,11 @@ def test_board_row_turns_stopped_live(
 
 
 def test_board_says_when_live_updates_are_lost_and_falls_back_to_polling(
-    journey: Any, rabbit_queue: tuple[Any, str], monkeypatch: pytest.MonkeyPatch
+    journey: Any, rabbit: tuple[Any, str]
 ) -> None:
-    amqp, queue = rabbit_queue
-    monkeypatch.setenv("E2E_RABBITMQ_URL", AMQP_URL)
-    browser_user("otto", "oncall")
-    broker = make_broker(name="live-rabbit", url_env="E2E_RABBITMQ_URL")
-    channel = make_channel(
-        broker,
-        name="Live orders",
-        slug="live-orders",
-        address=queue,
-        dlq_address="",
-        poison_address="",
-        dlq_strategies=[],
-        alert_dlq_depth=None,
-    )
-    off_loop(do_poll_broker, broker.pk, force=True)
+    amqp, queue = rabbit
+    channel = live_channel(queue)
+    broker = channel.broker
 
     tab = journey("oncall-socket-lost")
     tab.sign_in("otto", PASSWORD)

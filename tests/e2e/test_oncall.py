@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -19,36 +18,15 @@ from dlq.actions import do_ingest_channel
 from dlq.models import DeadLetter, Status
 from dlq.replay import run_plan
 from dlq.replay_models import PlanStatus, ReplayPlan
-from tests.conftest import PASSWORD, broker_required, make_broker, make_channel
+from tests.conftest import PASSWORD, make_broker, make_channel
 from tests.e2e.conftest import browser_user, off_loop
 
 pytestmark = [pytest.mark.browser, pytest.mark.broker, pytest.mark.django_db(transaction=True)]
 
-AMQP_URL = "amqp://guest:guest@127.0.0.1:5672/%2F"
 HOSTILE = (
     b'{"order": 1, "note": "<script>alert(1)</script><img src=x onerror=alert(2)>'
     b'</pre><div hx-get=\\"/admin/\\" hx-trigger=\\"load\\">x</div>"}'
 )
-
-
-@pytest.fixture
-def rabbit() -> Iterator[tuple[Any, str]]:
-    import pika
-
-    try:
-        connection = pika.BlockingConnection(pika.URLParameters(AMQP_URL + "?socket_timeout=3"))
-    except Exception as exc:  # any connection failure means the broker is not there
-        broker_required("RabbitMQ", exc)
-    amqp = connection.channel()
-    name = f"e2e.orders.{uuid.uuid4().hex[:8]}"
-    amqp.queue_declare(name)
-    amqp.queue_declare(f"{name}.dlq")
-    try:
-        yield amqp, name
-    finally:
-        amqp.queue_delete(name)
-        amqp.queue_delete(f"{name}.dlq")
-        connection.close()
 
 
 def _dead_letter(amqp: Any, queue: str, body: bytes, n: int) -> None:
@@ -72,11 +50,8 @@ def _dead_letter(amqp: Any, queue: str, body: bytes, n: int) -> None:
     )
 
 
-def test_oncall_triages_and_replays_a_failure_group(
-    journey: Any, rabbit: tuple[Any, str], monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_oncall_triages_and_replays_a_failure_group(journey: Any, rabbit: tuple[Any, str]) -> None:
     amqp, queue = rabbit
-    monkeypatch.setenv("E2E_RABBITMQ_URL", AMQP_URL)
     browser_user("otto", "oncall")
     broker = make_broker(name="rabbit", url_env="E2E_RABBITMQ_URL")
     channel = make_channel(
