@@ -19,7 +19,7 @@ from django.views.decorators.http import require_GET, require_http_methods
 from dashboard.api import api_error, api_view
 from dlq import redaction, render
 from dlq.access import VIEW_PERMISSION
-from dlq.filters import MAX_PAGE_SIZE, PAGE_SIZE, EntryFilter, keyset_page
+from dlq.filters import MAX_PAGE_SIZE, PAGE_SIZE, EntryFilter, keyset_page, parse_id
 from dlq.models import DeadLetter
 
 PREVIEW_CHARS = 1000
@@ -83,10 +83,11 @@ def dead_letter_list(request: HttpRequest) -> HttpResponse:
     except ValueError:
         return api_error(400, "limit must be an integer")
     after = request.GET.get("after", "")
-    if after and not (after.isdigit() and len(after) < 19):
+    after_id = parse_id(after)
+    if after and after_id is None:
         return api_error(400, "after must be an entry id")
     entries = f.apply(DeadLetter.objects.select_related("channel"))
-    page = keyset_page(entries, int(after) if after else None, size)
+    page = keyset_page(entries, after_id, size)
     next_url = None
     if page.next_after:
         next_url = request.build_absolute_uri(
@@ -221,9 +222,10 @@ def replay_plan_list(request: HttpRequest) -> HttpResponse:
         plans = plans.filter(status=status)
     after = request.GET.get("after", "")
     if after:
-        if not (after.isdigit() and len(after) < 19):
+        after_id = parse_id(after)
+        if after_id is None:
             return api_error(400, "after must be a plan id")
-        plans = plans.filter(pk__lt=int(after))
+        plans = plans.filter(pk__lt=after_id)
     rows = list(plans[: PAGE_SIZE + 1])
     next_url = None
     if len(rows) > PAGE_SIZE:

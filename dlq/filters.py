@@ -46,7 +46,9 @@ def _parse_when(raw: str) -> dt.datetime | None:
     return value
 
 
-def _parse_int(raw: str) -> int | None:
+def parse_id(raw: Any) -> int | None:
+    """A positive 64-bit id from untrusted text, else None (never raises: ``"²".isdigit()``
+    is true, yet ``int("²")`` fails)."""
     try:
         value = int(raw)
     except (TypeError, ValueError):
@@ -76,7 +78,7 @@ class EntryFilter:
             channel=get("channel"),
             source=get("source") if get("source") in Source.values else "",
             status=get("status") if get("status") in Status.values else "",
-            group=_parse_int(get("group")),
+            group=parse_id(get("group")),
             reason=get("reason")[:100],
             since=_parse_when(get("since")),
             until=_parse_when(get("until")),

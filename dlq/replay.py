@@ -53,7 +53,7 @@ from django.utils import timezone
 from audit.actions import Actor, EventSpec, record, record_many
 from brokers.base import Address, BrokerError, OutgoingMessage, Publisher, PublishOutcome
 from channels_registry.models import BrokerKind, Channel, ChannelHealth, Ordering, Semantic
-from dlq.filters import EntryFilter
+from dlq.filters import EntryFilter, parse_id
 from dlq.models import (
     REPEAT_OFFENDER_REPLAYS,
     DeadLetter,
@@ -111,7 +111,7 @@ class Selection:
         values = getlist("id") if getlist else params.get("id", [])
         for value in [values] if isinstance(values, str | int) else values:
             raw.extend(str(value).split(","))
-        ids = sorted({int(v) for v in (r.strip() for r in raw) if v.isdigit() and len(v) < 19})
+        ids = sorted({pk for pk in map(parse_id, raw) if pk is not None})
         return cls(EntryFilter.from_params(params), ids[:10_000])
 
     @property
@@ -207,7 +207,8 @@ def eligible_entries(kind: str, entries: QuerySet[DeadLetter]) -> QuerySet[DeadL
 
 def _version_key(value: str) -> tuple[int, ...] | None:
     parts = value.lstrip("vV").split(".")
-    return tuple(int(p) for p in parts) if all(p.isdigit() for p in parts) else None
+    digits = all(p.isascii() and p.isdigit() for p in parts)  # "²".isdigit() is true
+    return tuple(int(p) for p in parts) if digits else None
 
 
 def _older(version: str, current: str) -> bool:

@@ -163,7 +163,8 @@ def parse_replay_id(value: object) -> tuple[int, int, int] | None:
     if not isinstance(value, str) or len(value) > 64:
         return None
     parts = value.split(":")
-    if len(parts) != 3 or not all(p.isdigit() and 0 < len(p) < 19 for p in parts):
+    # isascii: a hostile header of "1:²:1" passes isdigit() yet int() refuses it.
+    if len(parts) != 3 or not all(p.isascii() and p.isdigit() and 0 < len(p) < 19 for p in parts):
         return None
     plan_id, item_id, attempt = (int(p) for p in parts)
     return plan_id, item_id, attempt

@@ -20,7 +20,7 @@ from dlq import redaction
 from dlq import render as body_render
 from dlq.access import can_reveal, entries_for_user, get_entry_for_user, groups_for_user
 from dlq.actions import do_record_download, do_reveal_entry
-from dlq.filters import PAGE_SIZE, EntryFilter, approximate_total, keyset_page
+from dlq.filters import PAGE_SIZE, EntryFilter, approximate_total, keyset_page, parse_id
 from dlq.models import DeadLetter, Source, Status
 from dlq.replay_views import lineage_context
 
@@ -94,8 +94,7 @@ def entry_list(request: HtmxHttpRequest) -> HttpResponse:
         .select_related("channel")
         .defer("body", "headers", "properties", "death_history", "search_text")
     )
-    after = request.GET.get("after", "")
-    after_id = int(after) if after.isdigit() and len(after) < 19 else None
+    after_id = parse_id(request.GET.get("after", ""))
     page = keyset_page(entries, after_id, PAGE_SIZE)
     now = timezone.now()
     context: dict[str, Any] = {

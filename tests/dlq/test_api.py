@@ -61,3 +61,11 @@ def test_api_redacts_per_channel_rules_even_for_reveal_users(compliance: User) -
     assert body == {"card": "•••• redacted", "amount": 5}
     assert redacted["headers"]["Authorization"] == "•••• redacted"
     assert redacted["redacted"] is True
+
+
+def test_api_refuses_a_cursor_of_non_ascii_digits(viewer: User) -> None:
+    headers = bearer(viewer)
+    for url in ["/api/dead-letters/?after=²", "/api/replay-plans/?after=²"]:
+        response = Client().get(url, headers=headers)
+        assert response.status_code == 400, url
+        assert "after must be" in response.json()["error"]

@@ -225,3 +225,11 @@ def test_list_page_never_loads_bodies(viewer: User) -> None:
     assert entry_queries
     assert not any('"dlq_deadletter"."body"' in sql for sql in entry_queries)
     assert not any('"dlq_deadletter"."search_text"' in sql for sql in entry_queries)
+
+
+def test_list_ignores_a_cursor_of_non_ascii_digits(viewer: User) -> None:
+    channel = make_channel()
+    [entry] = store(channel, letter())
+    response = client_for(viewer).get("/dead-letters/list/?after=²")
+    assert response.status_code == 200
+    assert f'href="/dead-letters/{entry.pk}/"' in response.content.decode()

@@ -459,3 +459,15 @@ def _assert_chain_intact() -> None:
     result = verify_chain()
     assert result.ok, result.problem
     assert GENESIS
+
+
+def test_non_ascii_digits_in_ids_and_versions_are_ignored_not_a_crash(oncall: User) -> None:
+    """ "²".isdigit() is true but int("²") fails: hostile headers and query parameters with
+    such digits must neither break ingest nor the preview."""
+    channel = make_channel(schema_version="3")
+    [entry] = store(channel, letter(headers={"x-dlq-replay-id": "1:²:1", "schema-version": "1.²"}))
+    assert entry.parent_id is None
+    response = client_for(oncall).get(f"/dead-letters/replay/?id=²,{entry.pk}")
+    assert response.status_code == 200
+    assert '<strong class="replay-count">1</strong>' in response.content.decode()
+    assert replay.Selection.from_params({"id": "²"}).ids == []

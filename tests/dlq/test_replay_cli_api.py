@@ -55,6 +55,8 @@ def test_replay_refuses_ids_of_another_channel_and_a_missing_reason() -> None:
     [entry] = _entries(1)
     with pytest.raises(CommandError, match="Not entries"):
         _run("replay", "--channel", "billing", "--ids", str(entry.pk))
+    with pytest.raises(CommandError, match="not an entry id"):
+        _run("replay", "--channel", "orders", "--ids", "²")
     with pytest.raises(CommandError, match="reason"):
         _run("replay", "--channel", "orders", "--yes")
     with pytest.raises(CommandError, match="lacks"):

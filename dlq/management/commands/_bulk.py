@@ -9,7 +9,7 @@ from django.core.management.base import CommandError, CommandParser, OutputWrapp
 
 from audit.actions import Actor
 from dlq import replay
-from dlq.filters import EntryFilter
+from dlq.filters import EntryFilter, parse_id
 from dlq.models import DeadLetter
 
 
@@ -31,9 +31,10 @@ def selection(options: dict[str, Any]) -> replay.Selection:
     ids = []
     for raw in (options.get("ids") or "").split(","):
         if raw.strip():
-            if not raw.strip().isdigit():
+            pk = parse_id(raw)
+            if pk is None:
                 raise CommandError(f"--ids: {raw!r} is not an entry id.")
-            ids.append(int(raw))
+            ids.append(pk)
     chosen = replay.Selection(EntryFilter.from_params(params), sorted(set(ids)))
     if ids:
         # Ids stay within the channel (and group) given, never "any entry with this id".
