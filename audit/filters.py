@@ -51,6 +51,21 @@ class AuditFilterForm(forms.Form):
     until = forms.DateTimeField(required=False, label="Until")
     before = forms.IntegerField(min_value=1, required=False, label="Older than seq")
 
+    def _clean_bound(self, name: str) -> dt.datetime | None:
+        """A time that exists in UTC too (``9999-12-31T23:00-05:00`` does not, and would fail
+        in the query rather than here)."""
+        value: dt.datetime | None = self.cleaned_data.get(name)
+        try:
+            return value.astimezone(dt.UTC) if value else value
+        except OverflowError:
+            raise forms.ValidationError("That time is out of range.") from None
+
+    def clean_since(self) -> dt.datetime | None:
+        return self._clean_bound("since")
+
+    def clean_until(self) -> dt.datetime | None:
+        return self._clean_bound("until")
+
     def clean(self) -> dict[str, Any]:
         cleaned = super().clean() or {}
         since, until = cleaned.get("since"), cleaned.get("until")

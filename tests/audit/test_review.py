@@ -115,6 +115,19 @@ def test_invalid_filters_are_reported_not_ignored(compliance: User) -> None:
     assert "“From” must be earlier than “Until”." in response.content.decode()
 
 
+@pytest.mark.parametrize(
+    "query", ["since=9999-12-31T23:59:59-05:00", "until=0001-01-01T00:00:00%2B05:00"]
+)
+def test_a_time_outside_the_utc_range_is_a_form_error(compliance: User, query: str) -> None:
+    event()
+    client = client_for(compliance)
+    response = client.get(f"{URL}?{query}")
+    assert response.status_code == 200 and response.context["rows"] == []
+    assert "That time is out of range." in response.content.decode()
+    assert client.get(f"{URL}export.jsonl?{query}").status_code == 400
+    assert client.get(f"/api/audit-events/?{query}").status_code == 400
+
+
 def test_cursor_pagination_walks_every_event_once_newest_first(compliance: User) -> None:
     written = [event(target_id=str(i)).seq for i in range(120)]
     client = client_for(compliance)
