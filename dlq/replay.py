@@ -52,7 +52,14 @@ from django.utils import timezone
 
 from audit.actions import Actor, EventSpec, record, record_many
 from brokers.base import Address, BrokerError, OutgoingMessage, Publisher, PublishOutcome
-from channels_registry.models import BrokerKind, Channel, ChannelHealth, Ordering, Semantic
+from channels_registry.models import (
+    BrokerConfigError,
+    BrokerKind,
+    Channel,
+    ChannelHealth,
+    Ordering,
+    Semantic,
+)
 from dlq.filters import EntryFilter, parse_id
 from dlq.models import (
     REPEAT_OFFENDER_REPLAYS,
@@ -783,7 +790,13 @@ def _run_replay(plan: ReplayPlan, owner: str, result: RunResult, max_seconds: fl
     actor = Actor.system("replay-relay")
     deadline = time.monotonic() + max_seconds
     crash_after = _crash_point()
-    publishers = _Publishers(plan)
+    try:
+        publishers = _Publishers(plan)
+    except BrokerConfigError as exc:
+        _pause_unconfigured(plan, str(exc), actor)
+        plan.refresh_from_db()
+        result.status = plan.status
+        return result
     slug = plan.channel.slug  # once: refresh_from_db() below drops the cached channel
     pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="replay-publish")
     batches = 0
@@ -865,6 +878,26 @@ def _run_replay(plan: ReplayPlan, owner: str, result: RunResult, max_seconds: fl
     plan.refresh_from_db()
     result.status = plan.status
     return result
+
+
+def _pause_unconfigured(plan: ReplayPlan, problem: str, actor: Actor) -> None:
+    """The relay cannot even connect (e.g. the broker's URL variable is unset on this worker):
+    pause the plan with the reason on it instead of failing the task again and again, so the
+    page says what to fix and a person resumes it afterwards."""
+    with transaction.atomic():
+        paused = ReplayPlan.objects.filter(
+            pk=plan.pk, status__in=[PlanStatus.QUEUED, PlanStatus.RUNNING]
+        ).update(status=PlanStatus.PAUSED, status_note=f"cannot connect to the broker: {problem}")
+        if paused:
+            record(
+                f"dlq.{plan.kind}.pause",
+                actor=actor,
+                target=plan,
+                channel_slug=plan.channel.slug,
+                reason=f"cannot connect to the broker: {problem}",
+                after={"status": PlanStatus.PAUSED},
+                outcome="failed",
+            )
 
 
 def _outgoing_batch(
