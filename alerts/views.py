@@ -13,7 +13,7 @@ from django.contrib import messages
 from django.contrib.auth.decorators import login_not_required
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.db.models import Q
-from django.http import HttpRequest, HttpResponse, HttpResponseForbidden
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseForbidden
 from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
 from django.views.decorators.cache import never_cache
@@ -161,7 +161,8 @@ def silence_create(request: HtmxHttpRequest) -> HttpResponse:
             duration=dt.timedelta(minutes=minutes),
             reason=request.POST.get("reason", "")[:2000],
         )
-    except (ValueError, ValidationError) as exc:
+    except (ValueError, OverflowError, ValidationError) as exc:
+        # A number too large for a timedelta is as wrong as one that is not a number.
         text = " ".join(exc.messages) if isinstance(exc, ValidationError) else "Pick a duration."
         messages.error(request, f"Not silenced: {text}")
     else:
@@ -176,7 +177,10 @@ def silence_create(request: HtmxHttpRequest) -> HttpResponse:
 def silence_expire(request: HtmxHttpRequest, pk: int) -> HttpResponse:
     if not request.user.has_perm(EXPIRE_PERMISSION):
         raise PermissionDenied("You need the on-call role to end silences.")
-    do_expire_silence(pk, actor=Actor.from_request(request), reason="ended early")
+    try:
+        do_expire_silence(pk, actor=Actor.from_request(request), reason="ended early")
+    except Silence.DoesNotExist:
+        raise Http404("No such silence.") from None
     messages.success(request, "Silence ended.")
     return redirect("alerts:alert_list")
 

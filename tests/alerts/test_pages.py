@@ -83,6 +83,33 @@ def test_oncall_silences_a_channel_rule_with_a_reason_audited(
     assert AuditEvent.objects.filter(action="alert.silence.expire").count() == 1
 
 
+@pytest.mark.parametrize(
+    ("minutes", "message"),
+    [
+        ("99999999999999999999", "Pick a duration."),
+        ("soon", "Pick a duration."),
+        ("0", "A silence lasts between 1 minute and 7 days."),
+        ("10081", "A silence lasts between 1 minute and 7 days."),
+    ],
+)
+def test_a_bad_silence_duration_is_a_message_not_an_error(
+    oncall: object, minutes: str, message: str
+) -> None:
+    response = client_for(oncall).post(  # type: ignore[arg-type]
+        "/alerts/silences/",
+        {"rule": "poisoned", "minutes": minutes, "reason": "deploy"},
+        follow=True,
+    )
+    assert response.status_code == 200 and not Silence.objects.exists()
+    assert f"Not silenced: {message}" in response.content.decode()
+
+
+def test_ending_a_missing_silence_is_404(oncall: object) -> None:
+    response = client_for(oncall).post("/alerts/silences/999999/expire/")  # type: ignore[arg-type]
+    assert response.status_code == 404
+    assert not AuditEvent.objects.filter(action="alert.silence.expire").exists()
+
+
 def test_viewer_cannot_silence(viewer: object, firing: Alert) -> None:
     response = client_for(viewer).post(  # type: ignore[arg-type]
         "/alerts/silences/", {"channel": "orders", "minutes": "60", "reason": "x"}
