@@ -162,7 +162,10 @@ def _create_plan(request: HttpRequest) -> HttpResponse:
         require_action(request, kind, f"{kind} via API")
     except PermissionDenied:
         return api_error(403, f"you need the on-call role to {kind} dead letters")
-    params = {k: str(v) for k, v in (data.get("filter") or {}).items() if isinstance(k, str)}
+    raw_filter = data.get("filter") or {}
+    if not isinstance(raw_filter, dict):
+        return api_error(400, "filter must be an object of the list's filter parameters")
+    params = {k: str(v) for k, v in raw_filter.items()}
     for key in ("channel", "group"):
         if data.get(key) is not None:
             params[key] = str(data[key])
@@ -187,6 +190,12 @@ def _create_plan(request: HttpRequest) -> HttpResponse:
             return api_error(400, "rate, canary_size and canary_wait_s must be numbers")
         if not 0 < options["velocity"] <= replay.MAX_VELOCITY:
             return api_error(400, f"rate must be in (0, {replay.MAX_VELOCITY:g}]")
+        # The same bounds as the page's form; NaN and Infinity (which JSON parsing accepts)
+        # would otherwise reach the relay's timedelta arithmetic and fail every run.
+        if not 0 <= options["canary_size"] <= 10_000:
+            return api_error(400, "canary_size must be in [0, 10000]")
+        if not 1 <= options["canary_wait_s"] <= 3600:
+            return api_error(400, "canary_wait_s must be in [1, 3600]")
     try:
         plan, created = do_create_plan(
             kind,

@@ -123,3 +123,21 @@ def test_api_refuses_viewers_and_a_missing_reason(viewer: User, oncall: User) ->
     assert _post(_token(oncall), {"channel": "orders"}).status_code == 400
     assert Client().get("/api/replay-plans/").status_code == 401
     assert not ReplayPlan.objects.exists()
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ({"filter": ["channel", "orders"]}, "filter must be an object"),
+        ({"canary_size": 2, "canary_wait_s": float("inf")}, "canary_wait_s"),
+        ({"canary_size": 2, "canary_wait_s": float("nan")}, "canary_wait_s"),
+        ({"canary_size": -1}, "canary_size"),
+    ],
+)
+def test_api_answers_malformed_plan_options_with_400(
+    oncall: User, extra: dict[str, Any], message: str
+) -> None:
+    _entries(1)
+    response = _post(_token(oncall), {"channel": "orders", "reason": "fixed", **extra})
+    assert response.status_code == 400 and message in response.json()["error"]
+    assert not ReplayPlan.objects.exists()
