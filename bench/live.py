@@ -114,7 +114,7 @@ def make_data() -> tuple[int, list[str]]:
     from django.contrib.auth.models import Group, User
     from django.contrib.sessions.backends.db import SessionStore
 
-    from channels_registry.models import Broker, Channel
+    from bench.fixtures import bench_channels
 
     user = User.objects.create_user("bench-viewer", password=uuid.uuid4().hex)
     user.groups.add(Group.objects.get(name="viewer"))
@@ -127,26 +127,7 @@ def make_data() -> tuple[int, list[str]]:
         session.create()
         assert session.session_key is not None
         keys.append(session.session_key)
-    os.environ["BENCH_LIVE_URL"] = "redis://bench.invalid:6379/0"  # never used: synthetic
-    broker = Broker.objects.create(name="bench-live", kind="redis", url_env="BENCH_LIVE_URL")
-    Channel.objects.bulk_create(
-        [
-            Channel(
-                broker=broker,
-                name=f"Bench channel {i:04d}",
-                slug=f"bench-{i:04d}",
-                address=f"bench.{i:04d}",
-                address_group="workers",
-                owner_team=f"team-{i % 10}",
-                semantic="at-least-once",
-                dlq_address=f"bench.{i:04d}.dlq",
-                alert_dlq_depth=0,
-                alert_lag_messages=10_000,
-            )
-            for i in range(CHANNELS)
-        ],
-        batch_size=500,
-    )
+    broker = bench_channels("bench-live", CHANNELS, lambda i: {"alert_lag_messages": 10_000})
     return broker.pk, keys
 
 

@@ -101,32 +101,18 @@ def make_data() -> dict[str, Any]:
     from django.db import connection, transaction
 
     from audit.actions import Actor, EventSpec, record_many
+    from bench.fixtures import bench_channels
     from channels_registry import polling
-    from channels_registry.models import Broker, Channel
+    from channels_registry.models import Channel
     from dlq.models import DeadLetter, FailureGroup
 
     started = time.monotonic()
     user = User.objects.create_user("bench-oncall", password=uuid.uuid4().hex)
     user.groups.add(*Group.objects.filter(name__in=["viewer", "oncall", "compliance"]))
-    os.environ["BENCH_PAGES_URL"] = "redis://bench.invalid:6379/0"  # never used: synthetic
-    broker = Broker.objects.create(name="bench-pages", kind="redis", url_env="BENCH_PAGES_URL")
-    Channel.objects.bulk_create(
-        [
-            Channel(
-                broker=broker,
-                name=f"Bench channel {i:04d}",
-                slug=f"bench-{i:04d}",
-                address=f"bench.{i:04d}",
-                address_group="workers",
-                owner_team=f"team-{i % 10}",
-                semantic="at-least-once",
-                dlq_address=f"bench.{i:04d}.dlq",
-                alert_dlq_depth=0,
-                redact_json_paths=["$.customer.email"] if i % 2 else [],
-            )
-            for i in range(CHANNELS)
-        ],
-        batch_size=500,
+    broker = bench_channels(
+        "bench-pages",
+        CHANNELS,
+        lambda i: {"redact_json_paths": ["$.customer.email"] if i % 2 else []},
     )
     polling.get_adapter = lambda *a, **k: SyntheticAdapter()  # type: ignore[assignment]
     polling.do_poll_broker(broker.pk, force=True)
