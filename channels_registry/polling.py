@@ -58,6 +58,30 @@ MAX_BACKOFF_S = 300.0
 #: The health window cache keeps at most this many points (and only WINDOW_S of them).
 WINDOW_MAX_POINTS = 80
 SPARK_MINUTES = 60
+#: The ``ChannelStats`` measurements a ``ChannelSample`` stores under the same names.
+STATS_FIELDS = (
+    "backlog",
+    "in_flight",
+    "retained",
+    "consumers",
+    "active_consumers",
+    "redelivered",
+    "oldest_message_age_s",
+    "oldest_unacked_age_s",
+    "produced",
+    "delivered",
+    "acked",
+    "dead_lettered",
+)
+#: The sample's values that the minute rollup and the ``ChannelHealth`` row both keep.
+ROLLUP_FIELDS = (
+    "backlog",
+    "in_flight",
+    "consumers",
+    "active_consumers",
+    "dlq_depth",
+    "poison_depth",
+)
 
 
 @dataclasses.dataclass
@@ -238,18 +262,8 @@ def _store(
         else:
             sample, point = _sample(channel, addresses[channel.pk], result, now)
             samples.append(sample)
-            rollups.append(
-                ChannelRollup(
-                    channel=channel,
-                    minute=minute,
-                    backlog=sample.backlog,
-                    in_flight=sample.in_flight,
-                    consumers=sample.consumers,
-                    active_consumers=sample.active_consumers,
-                    dlq_depth=sample.dlq_depth,
-                    poison_depth=sample.poison_depth,
-                )
-            )
+            kept = {name: getattr(sample, name) for name in ROLLUP_FIELDS}
+            rollups.append(ChannelRollup(channel=channel, minute=minute, **kept))
             window = [health.Point.from_list(v) for v in row.window or []]
             window = [p for p in window if p.t >= now_s - health.WINDOW_S] + [point]
             window = window[-WINDOW_MAX_POINTS:]
@@ -261,13 +275,9 @@ def _store(
                 stale_after_s=stale_after_s(broker),
             )
             row.window = [p.as_list() for p in window]
-            row.backlog = sample.backlog
-            row.in_flight = sample.in_flight
-            row.consumers = sample.consumers
-            row.active_consumers = sample.active_consumers
+            for name, value in kept.items():
+                setattr(row, name, value)
             row.oldest_age_s = sample.oldest_message_age_s
-            row.dlq_depth = sample.dlq_depth
-            row.poison_depth = sample.poison_depth
             row.last_sample_at = now
             row.spark = _spark(row.spark or [], minute, sample.backlog)
             _apply(row, assessment, now)
@@ -286,15 +296,7 @@ def _store(
         batch_size=500,
         update_conflicts=True,
         unique_fields=["channel", "minute"],
-        update_fields=[
-            "stale",
-            "backlog",
-            "in_flight",
-            "consumers",
-            "active_consumers",
-            "dlq_depth",
-            "poison_depth",
-        ],
+        update_fields=["stale", *ROLLUP_FIELDS],
     )
     ChannelHealth.objects.bulk_create(
         rows,
@@ -414,18 +416,7 @@ def _sample(
         taken_at=now,
         exists=None if stats is None else stats.exists,
         error="" if stats is not None else "address missing from the broker's answer",
-        backlog=s.backlog if s else None,
-        in_flight=s.in_flight if s else None,
-        retained=s.retained if s else None,
-        consumers=s.consumers if s else None,
-        active_consumers=s.active_consumers if s else None,
-        redelivered=s.redelivered if s else None,
-        oldest_message_age_s=s.oldest_message_age_s if s else None,
-        oldest_unacked_age_s=s.oldest_unacked_age_s if s else None,
-        produced=s.produced if s else None,
-        delivered=s.delivered if s else None,
-        acked=s.acked if s else None,
-        dead_lettered=s.dead_lettered if s else None,
+        **{name: getattr(s, name) if s else None for name in STATS_FIELDS},
         dlq_depth=dlq_depth,
         dlq_oldest_age_s=dlq_age,
         poison_depth=poison_depth,

@@ -431,3 +431,41 @@ def test_nats_poll_samples_pending_and_ack_pending(nats_stream: str) -> None:
     codes = {f["code"] for f in health.observed_findings}
     assert codes == {"observed.retry-budget-mismatch", "observed.in-flight-above-declared"}
     assert health.observed["ack_policy"] == "explicit"
+
+
+def test_sample_rollup_and_health_row_keep_the_same_measurements(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """No broker needed: the adapter is a stand-in returning known stats for every field."""
+    from brokers.base import Address, ChannelStats, PollResult
+    from channels_registry import polling
+
+    monkeypatch.setenv("DLO_TEST_FAKE_URL", RABBIT_URL)
+    broker = make_broker(name="fake", url_env="DLO_TEST_FAKE_URL")
+    channel = make_channel(broker, address="orders", dlq_address="orders.dlq", poison_address="")
+    stats = {
+        Address("orders"): ChannelStats(
+            Address("orders"), **{name: i + 1 for i, name in enumerate(polling.STATS_FIELDS)}
+        ),
+        Address("orders.dlq"): ChannelStats(Address("orders.dlq"), retained=42),
+    }
+
+    class Adapter:
+        def poll(self, addresses: Any) -> PollResult:
+            return PollResult(stats, 1, 0.01)
+
+        def inspect(self, addresses: Any) -> dict[Any, Any]:
+            return {}
+
+    monkeypatch.setattr(polling, "get_adapter", lambda *a, **k: Adapter())
+    assert do_poll_broker(broker.pk).status == "ok"
+    sample = ChannelSample.objects.get(channel=channel)
+    expected = {name: i + 1 for i, name in enumerate(polling.STATS_FIELDS)}
+    assert {name: getattr(sample, name) for name in polling.STATS_FIELDS} == expected
+    assert sample.dlq_depth == 42 and sample.poison_depth is None
+    rollup = ChannelRollup.objects.get(channel=channel)
+    health = ChannelHealth.objects.get(channel=channel)
+    for name in ("backlog", "in_flight", "consumers", "active_consumers", "dlq_depth"):
+        assert getattr(rollup, name) == getattr(health, name) == getattr(sample, name), name
+    assert rollup.poison_depth is None and health.poison_depth is None
+    assert health.oldest_age_s == sample.oldest_message_age_s == expected["oldest_message_age_s"]
