@@ -12,6 +12,7 @@ import datetime as dt
 from typing import Any
 from urllib.parse import urlsplit
 
+import httpx
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import models
@@ -280,10 +281,8 @@ class Destination(models.Model):
         if self.kind in (DestinationKind.WEBHOOK, DestinationKind.SLACK):
             if not self.url:
                 errors["url"] = "A webhook needs its URL."
-            elif urlsplit(self.url).scheme not in ("http", "https") or not (
-                urlsplit(self.url).netloc
-            ):
-                errors["url"] = "Give an http:// or https:// URL."
+            elif not _is_http_url(self.url):
+                errors["url"] = "Give an http:// or https:// URL with a host (and a valid port)."
         if self.kind == DestinationKind.WEBHOOK and not self.secret:
             errors["secret"] = "A JSON webhook needs a signing secret (receivers verify it)."
         if self.kind == DestinationKind.EMAIL and not self.recipients():
@@ -299,8 +298,12 @@ class Destination(models.Model):
         """Where it goes, safe to display (no path, query or credentials)."""
         if self.kind == DestinationKind.EMAIL:
             return ", ".join(self.recipients())
+        if not self.url:
+            return "not configured"
+        if not _is_http_url(self.url):
+            return "invalid URL"
         parts = urlsplit(self.url)
-        return f"{parts.scheme}://{parts.hostname or ''}" if self.url else "not configured"
+        return f"{parts.scheme}://{parts.hostname or ''}"
 
     def wants(self, alert: Alert) -> bool:
         if not self.enabled:
@@ -323,6 +326,16 @@ class Destination(models.Model):
             "send_resolved": self.send_resolved,
             "enabled": self.enabled,
         }
+
+
+def _is_http_url(url: str) -> bool:
+    """True when the sender (httpx) can post to ``url``: http(s), a host, a valid port. Parsed
+    with httpx so that what the form accepts is exactly what delivery can use."""
+    try:
+        parsed = httpx.URL(url)
+    except (httpx.InvalidURL, TypeError):
+        return False
+    return parsed.scheme in ("http", "https") and bool(parsed.host)
 
 
 class Transition(models.TextChoices):

@@ -193,6 +193,9 @@ def _post(dest: Destination, body: bytes, headers: dict[str, str]) -> int:
             response = client.post(
                 dest.url, content=body, headers={**headers, "User-Agent": "dead-letter-office"}
             )
+    except httpx.InvalidURL as exc:
+        # Not an httpx.HTTPError; a URL saved before validation can only be fixed by a person.
+        raise DeliveryError(f"invalid URL: {exc}"[:300], permanent=True) from exc
     except httpx.HTTPError as exc:
         raise DeliveryError(f"{type(exc).__name__}: {exc}"[:300]) from exc
     if response.status_code >= 300:

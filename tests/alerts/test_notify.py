@@ -10,10 +10,17 @@ import random
 
 import pytest
 from django.core import mail
+from django.core.exceptions import ValidationError
 
 from alerts import notify
 from alerts.evaluate import do_evaluate_alerts
-from alerts.models import DeliveryAttempt, DestinationKind, Notification, NotificationStatus
+from alerts.models import (
+    DeliveryAttempt,
+    Destination,
+    DestinationKind,
+    Notification,
+    NotificationStatus,
+)
 from alerts.notify import do_deliver_notifications
 from tests.alerts.conftest import SECRET, Receiver, closed_port_url, set_health, webhook
 from tests.conftest import make_broker, make_channel
@@ -166,3 +173,27 @@ def test_backoff_is_capped_and_jittered() -> None:
     assert 5 <= values[0] <= 10
     assert max(values) <= notify.BACKOFF_CAP_S
     assert values[-1] >= notify.BACKOFF_CAP_S / 2
+
+
+@pytest.mark.parametrize(
+    "url", ["http://[::1", "https://hooks.example:0x/", "http://a\x00b/", "ftp://h/", "http:///x"]
+)
+def test_a_malformed_webhook_url_is_refused_with_a_message(url: str) -> None:
+    dest = Destination(name="bad", kind=DestinationKind.WEBHOOK, url=url, secret=SECRET)
+    with pytest.raises(ValidationError) as refused:
+        dest.full_clean()
+    assert refused.value.message_dict["url"] == [
+        "Give an http:// or https:// URL with a host (and a valid port)."
+    ]
+    assert dest.target_display == "invalid URL"
+
+
+def test_a_stored_malformed_url_fails_the_notification_at_once() -> None:
+    stopped_channels(1)
+    dest = webhook("http://127.0.0.1:9/hook")
+    Destination.objects.filter(pk=dest.pk).update(url="http://[::1")  # saved before validation
+    do_evaluate_alerts(at(0))
+    result = do_deliver_notifications(at(30))
+    n = Notification.objects.get()
+    assert result.failed == 1 and n.status == "failed" and n.attempts == 1
+    assert n.last_error.startswith("invalid URL:")
