@@ -488,3 +488,13 @@ def test_a_broker_url_variable_unset_on_the_worker_pauses_the_plan_with_the_reas
     assert "RABBITMQ_URL" in event.reason and event.outcome == "failed"
     assert "RABBITMQ_URL" in client_for(oncall).get(plan.get_absolute_url()).content.decode()
     assert replay.orphaned_plans() == []
+
+
+def test_a_replay_id_header_in_other_case_still_links_the_parent(oncall: User) -> None:
+    """Header names are matched case-insensitively (as when the header is found), so a hop
+    that capitalises it does not break the lineage."""
+    [entry] = _entries(1)
+    plan = plan_for([entry], oncall)
+    item = ReplayItem.objects.get(plan=plan)
+    [back] = store(entry.channel, letter(headers={"X-DLQ-Replay-Id": f"{plan.pk}:{item.pk}:1"}))
+    assert back.parent_id == entry.pk and back.generation == 1
