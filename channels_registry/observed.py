@@ -9,22 +9,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from channels_registry.checks import ERROR, WARNING, Finding
 from channels_registry.models import Semantic
-
-ERROR = "error"
-WARNING = "warning"
 
 SAFE_SEMANTICS = {Semantic.AT_LEAST_ONCE, Semantic.EXACTLY_ONCE}
 
 
 def _finding(code: str, severity: str, principle: str, message: str, fix: str) -> dict[str, str]:
-    return {
-        "code": code,
-        "severity": severity,
-        "principle": principle,
-        "message": message,
-        "fix": fix,
-    }
+    return Finding(code, severity, principle, message, fix).as_dict()
 
 
 def _limited(topology: dict[str, Any]) -> bool:
