@@ -33,7 +33,7 @@ from dlq.models import (
     ReplayPlan,
     Status,
 )
-from dlq.replay_models import FINISHED
+from dlq.replay_models import FINISHED, RUNNABLE
 
 log = logging.getLogger(__name__)
 
@@ -444,7 +444,7 @@ def do_approve_plan(plan_id: int, *, actor: Actor, reason: str = "") -> Any:
 def do_pause_plan(plan_id: int, *, actor: Actor, reason: str = "") -> Any:
 
     plan = _locked_plan(plan_id)
-    if plan.status not in (PlanStatus.QUEUED, PlanStatus.RUNNING):
+    if plan.status not in RUNNABLE:
         raise PlanRefused(f"A {plan.get_status_display().lower()} plan cannot be paused.")
     ReplayPlan.objects.filter(pk=plan.pk).update(status=PlanStatus.PAUSED)
     plan.refresh_from_db()

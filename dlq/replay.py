@@ -72,7 +72,7 @@ from dlq.models import (
     Source,
     Status,
 )
-from dlq.replay_models import parse_replay_id
+from dlq.replay_models import RUNNABLE, parse_replay_id
 
 log = logging.getLogger(__name__)
 
@@ -507,7 +507,7 @@ def _claim_plan(plan_id: int, owner: str) -> bool:
     lease = now + dt.timedelta(seconds=LEASE_S)
     free = Q(lease_until__isnull=True) | Q(lease_until__lt=now) | Q(lease_owner=owner)
     open_items = Exists(ReplayItem.objects.filter(plan=OuterRef("pk"), status=ItemStatus.SENDING))
-    claimable = Q(status__in=[PlanStatus.QUEUED, PlanStatus.RUNNING]) | Q(open_items)
+    claimable = Q(status__in=RUNNABLE) | Q(open_items)
     updated = (
         ReplayPlan.objects.filter(free, pk=plan_id)
         .annotate(open_items=open_items)
@@ -829,7 +829,7 @@ def _run_replay(plan: ReplayPlan, owner: str, result: RunResult, max_seconds: fl
             if not _renew(plan.pk, owner):
                 result.status = plan.status
                 return result  # taken over: what is in flight stays SENDING for the new owner
-            runnable = plan.status in (PlanStatus.QUEUED, PlanStatus.RUNNING)
+            runnable = plan.status in RUNNABLE
             # During the canary only the first ``canary_size`` items (by position) go out.
             canary = runnable and bool(plan.canary_size) and plan.canary_passed_at is None
             upto = plan.canary_size if canary else None
@@ -885,9 +885,9 @@ def _pause_unconfigured(plan: ReplayPlan, problem: str, actor: Actor) -> None:
     pause the plan with the reason on it instead of failing the task again and again, so the
     page says what to fix and a person resumes it afterwards."""
     with transaction.atomic():
-        paused = ReplayPlan.objects.filter(
-            pk=plan.pk, status__in=[PlanStatus.QUEUED, PlanStatus.RUNNING]
-        ).update(status=PlanStatus.PAUSED, status_note=f"cannot connect to the broker: {problem}")
+        paused = ReplayPlan.objects.filter(pk=plan.pk, status__in=RUNNABLE).update(
+            status=PlanStatus.PAUSED, status_note=f"cannot connect to the broker: {problem}"
+        )
         if paused:
             record(
                 f"dlq.{plan.kind}.pause",
@@ -1026,7 +1026,7 @@ def orphaned_plans(limit: int = 50) -> list[int]:
     in_doubt = Exists(ReplayItem.objects.filter(plan=OuterRef("pk"), status=ItemStatus.SENDING))
     return list(
         ReplayPlan.objects.filter(free)
-        .filter(Q(status__in=[PlanStatus.QUEUED, PlanStatus.RUNNING]) | in_doubt)
+        .filter(Q(status__in=RUNNABLE) | in_doubt)
         .order_by("id")
         .values_list("id", flat=True)[:limit]
     )

@@ -47,9 +47,6 @@ class ItemStatus(models.TextChoices):
     SKIPPED = "skipped", "Skipped (entry changed state)"
 
 
-OPEN_ITEMS = (ItemStatus.PENDING, ItemStatus.SENDING)
-
-
 class ReplayPlan(models.Model):
     """One frozen bulk action (replay or discard) over an exact set of entries of one channel."""
 

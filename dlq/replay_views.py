@@ -28,6 +28,7 @@ from dlq.actions import (
     do_resume_plan,
 )
 from dlq.models import ItemStatus, PlanKind, PlanStatus, ReplayItem
+from dlq.replay_models import RUNNABLE
 
 PLANS_SHOWN = 100
 # Not "reason": that is a filter parameter of the selection (the failure reason).
@@ -120,7 +121,7 @@ def _plan_context(request: HtmxHttpRequest, plan: Any) -> dict[str, Any]:
     can_act = user.has_perm(perm)
     return {
         "plan": plan,
-        "can_pause": can_act and plan.status in (PlanStatus.QUEUED, PlanStatus.RUNNING),
+        "can_pause": can_act and plan.status in RUNNABLE,
         "can_resume": can_act and plan.status in (PlanStatus.PAUSED, PlanStatus.HALTED),
         "can_cancel": can_act and not plan.is_finished,
         "can_approve": plan.status == PlanStatus.AWAITING_APPROVAL
