@@ -7,11 +7,12 @@ from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
-from django.db import connection
+from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from audit.actions import Actor, do_verify_chain, record
+from audit.filters import AuditFilterForm
 from audit.models import AuditEvent, ChainVerification, Outcome
 from tests.conftest import client_for
 
@@ -293,3 +294,19 @@ def test_page_shows_the_last_successful_verification(compliance: User) -> None:
 
 def test_never_verified_is_said(compliance: User) -> None:
     assert "has never been verified" in client_for(compliance).get(URL).content.decode()
+
+
+def test_a_page_of_one_outcome_walks_its_own_index() -> None:
+    """``outcome=denied`` is rare: its page must come from the (outcome, seq) index, not a
+    backward walk of the whole trail (120 ms at a million events on PostgreSQL)."""
+    for _ in range(3):
+        event(outcome=Outcome.DENIED)
+    form = AuditFilterForm({"outcome": "denied", "before": "3"})
+    assert form.is_valid()
+    page = form.apply(AuditEvent.objects.all()).filter(seq__lt=form.cursor).order_by("-seq")
+    with transaction.atomic():
+        if connection.vendor == "postgresql":  # a tiny table would otherwise be scanned
+            with connection.cursor() as cursor:
+                cursor.execute("SET LOCAL enable_seqscan = off")
+        plan = page[:51].explain()
+    assert "audit_outcome_seq" in plan
