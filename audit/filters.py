@@ -31,6 +31,17 @@ FILTER_NAMES = (
     "until",
 )
 
+# Each filter but ``action`` (exact or prefix) and its lookup on ``AuditEvent``.
+_LOOKUPS = {
+    "actor": "actor_username",
+    "target_type": "target_type",
+    "target_id": "target_id",
+    "channel": "channel_slug",
+    "outcome": "outcome",
+    "since": "created_at__gte",
+    "until": "created_at__lt",
+}
+
 
 class AuditFilterForm(forms.Form):
     """Validates the filters from a query string (or the ``audit export`` options).
@@ -76,26 +87,13 @@ class AuditFilterForm(forms.Form):
     def apply(self, events: QuerySet[AuditEvent]) -> QuerySet[AuditEvent]:
         """``events`` narrowed by the valid filters (not by the ``before`` cursor)."""
         data = self.cleaned_data
-        if data.get("actor"):
-            events = events.filter(actor_username=data["actor"])
+        lookups = {lookup: data[name] for name, lookup in _LOOKUPS.items() if data.get(name)}
         action = data.get("action") or ""
         if action.endswith("*"):
-            events = events.filter(action__startswith=action[:-1])
+            lookups["action__startswith"] = action[:-1]
         elif action:
-            events = events.filter(action=action)
-        if data.get("target_type"):
-            events = events.filter(target_type=data["target_type"])
-        if data.get("target_id"):
-            events = events.filter(target_id=data["target_id"])
-        if data.get("channel"):
-            events = events.filter(channel_slug=data["channel"])
-        if data.get("outcome"):
-            events = events.filter(outcome=data["outcome"])
-        if data.get("since"):
-            events = events.filter(created_at__gte=data["since"])
-        if data.get("until"):
-            events = events.filter(created_at__lt=data["until"])
-        return events
+            lookups["action"] = action
+        return events.filter(**lookups)
 
     @property
     def cursor(self) -> int | None:
