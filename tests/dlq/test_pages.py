@@ -233,3 +233,22 @@ def test_list_ignores_a_cursor_of_non_ascii_digits(viewer: User) -> None:
     response = client_for(viewer).get("/dead-letters/list/?after=²")
     assert response.status_code == 200
     assert f'href="/dead-letters/{entry.pk}/"' in response.content.decode()
+
+
+def test_direction_overrides_in_broker_text_are_shown_not_obeyed(viewer: User) -> None:
+    from dlq.render import visible
+
+    channel = make_channel()
+    rtl = "fail\u202egnp.exe"
+    (entry,) = store(
+        channel,
+        letter(
+            reason=rtl,
+            headers={"x-error-class": rtl, "x-error-message": rtl, "Idempotency-Key": rtl},
+        ),
+    )
+    client = client_for(viewer)
+    for url in ("/dead-letters/list/", f"/dead-letters/{entry.pk}/"):
+        page = client.get(url).content.decode()
+        assert "\u202e" not in page, url
+        assert visible(rtl) in page, url
