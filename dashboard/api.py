@@ -2,7 +2,8 @@
 
 ``@api_view`` marks a view as reachable without a session (it is exempt from the login redirect
 and from CSRF, since it never uses cookies), authenticates ``Authorization: Bearer <token>``
-(a session also works, for the browser), and answers 401 JSON instead of redirecting.
+(a session also works, for the browser), and answers 401 JSON instead of redirecting, and
+``PermissionDenied`` / ``Http404`` from the shared access helpers as 403 / 404 JSON.
 """
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ from collections.abc import Callable
 from typing import Any
 
 from django.contrib.auth.decorators import login_not_required
-from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.core.exceptions import PermissionDenied
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
 
@@ -49,6 +51,12 @@ def api_view(view: View) -> View:
                 return api_error(401, "invalid or revoked token")
         elif not request.user.is_authenticated:
             return api_error(401, "authentication required: send Authorization: Bearer <token>")
-        return view(request, *args, **kwargs)
+        # The access helpers the pages use raise these; an API answers them as JSON.
+        try:
+            return view(request, *args, **kwargs)
+        except PermissionDenied as exc:
+            return api_error(403, str(exc) or "permission denied")
+        except Http404 as exc:
+            return api_error(404, str(exc) or "not found")
 
     return login_not_required(csrf_exempt(wrapper))

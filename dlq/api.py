@@ -18,7 +18,7 @@ from django.views.decorators.http import require_GET, require_http_methods
 
 from dashboard.api import api_error, api_view
 from dlq import redaction, render
-from dlq.access import VIEW_PERMISSION
+from dlq.access import entries_for_user, get_plan_for_user, plans_for_user, require_action
 from dlq.filters import MAX_PAGE_SIZE, PAGE_SIZE, EntryFilter, keyset_page, parse_id
 from dlq.models import DeadLetter
 
@@ -75,8 +75,7 @@ def serialize(entry: DeadLetter) -> dict[str, Any]:
 @api_view
 @require_GET
 def dead_letter_list(request: HttpRequest) -> HttpResponse:
-    if not request.user.has_perm(VIEW_PERMISSION):
-        return api_error(403, "you need the viewer role to read dead letters")
+    entries_visible = entries_for_user(request)
     f = EntryFilter.from_params(request.GET)
     try:
         size = min(max(int(request.GET.get("limit", PAGE_SIZE)), 1), MAX_PAGE_SIZE)
@@ -86,7 +85,7 @@ def dead_letter_list(request: HttpRequest) -> HttpResponse:
     after_id = parse_id(after)
     if after and after_id is None:
         return api_error(400, "after must be an entry id")
-    entries = f.apply(DeadLetter.objects.select_related("channel"))
+    entries = f.apply(entries_visible.select_related("channel"))
     page = keyset_page(entries, after_id, size)
     next_url = None
     if page.next_after:
@@ -141,11 +140,8 @@ def serialize_plan(plan: Any) -> dict[str, Any]:
 
 
 def _create_plan(request: HttpRequest) -> HttpResponse:
-    from django.core.exceptions import PermissionDenied
-
     from audit.actions import Actor
     from dlq import replay
-    from dlq.access import entries_for_user, require_action
     from dlq.actions import PlanRefused, do_create_plan
     from dlq.models import PlanKind
 
@@ -158,10 +154,7 @@ def _create_plan(request: HttpRequest) -> HttpResponse:
     kind = data.get("kind", PlanKind.REPLAY)
     if kind not in PlanKind.values:
         return api_error(400, "kind must be replay or discard")
-    try:
-        require_action(request, kind, f"{kind} via API")
-    except PermissionDenied:
-        return api_error(403, f"you need the on-call role to {kind} dead letters")
+    require_action(request, kind, f"{kind} via API")  # audited denial, then a JSON 403
     raw_filter = data.get("filter") or {}
     if not isinstance(raw_filter, dict):
         return api_error(400, "filter must be an object of the list's filter parameters")
@@ -216,14 +209,11 @@ def _create_plan(request: HttpRequest) -> HttpResponse:
 def replay_plan_list(request: HttpRequest) -> HttpResponse:
     """GET: plans, newest first (``?status=``, ``?after=<id>``). POST: freeze a plan (the same
     rules as the page: reason, override, four eyes; ``"preview": true`` only previews)."""
-    from dlq.access import PLAN_VIEW_PERMISSION
-    from dlq.models import PlanStatus, ReplayPlan
+    from dlq.models import PlanStatus
 
     if request.method == "POST":
         return _create_plan(request)
-    if not request.user.has_perm(PLAN_VIEW_PERMISSION):
-        return api_error(403, "you need the viewer role to read replay plans")
-    plans = ReplayPlan.objects.select_related("channel").order_by("-id")
+    plans = plans_for_user(request).order_by("-id")
     status = request.GET.get("status", "")
     if status:
         if status not in PlanStatus.values:
@@ -249,15 +239,7 @@ def replay_plan_list(request: HttpRequest) -> HttpResponse:
 @api_view
 @require_GET
 def replay_plan_detail(request: HttpRequest, pk: int) -> HttpResponse:
-    from dlq.access import PLAN_VIEW_PERMISSION
-    from dlq.models import ReplayPlan
-
-    if not request.user.has_perm(PLAN_VIEW_PERMISSION):
-        return api_error(403, "you need the viewer role to read replay plans")
-    plan = ReplayPlan.objects.select_related("channel").filter(pk=pk).first()
-    if plan is None:
-        return api_error(404, "no such plan")
-    return JsonResponse(serialize_plan(plan))
+    return JsonResponse(serialize_plan(get_plan_for_user(request, pk)))
 
 
 plan_urlpatterns = [

@@ -141,3 +141,12 @@ def test_api_answers_malformed_plan_options_with_400(
     response = _post(_token(oncall), {"channel": "orders", "reason": "fixed", **extra})
     assert response.status_code == 400 and message in response.json()["error"]
     assert not ReplayPlan.objects.exists()
+
+
+def test_api_answers_missing_plans_and_outsiders_as_json(oncall: User, outsider: User) -> None:
+    missing = _token(oncall).get("/api/replay-plans/999999/")
+    assert missing.status_code == 404 and "error" in missing.json()
+    for url in ("/api/replay-plans/", "/api/replay-plans/1/", "/api/dead-letters/"):
+        refused = _token(outsider).get(url)
+        assert refused.status_code == 403, url
+        assert "viewer role" in refused.json()["error"], url
