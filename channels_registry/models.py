@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import SplitResult, urlsplit, urlunsplit
 
 from django.core.exceptions import ValidationError
 from django.core.validators import MinValueValidator
@@ -29,6 +29,16 @@ URL_SCHEMES = {
 
 class BrokerConfigError(Exception):
     """A broker declaration that cannot be turned into a connection (shown to the user)."""
+
+
+def _split_url(url: str) -> SplitResult | None:
+    """``urlsplit``, or None for text it refuses (an unclosed IPv6 bracket, a bad port)."""
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - parses the port, which raises for a bad one
+    except ValueError:
+        return None
+    return parts
 
 
 def redact_url(url: str) -> str:
@@ -95,8 +105,11 @@ class Broker(models.Model):
             errors["url_env"] = "Name an environment variable holding the URL, or store one."
         if self.url_env and not self.url_env.replace("_", "").isalnum():
             errors["url_env"] = "Use letters, digits and underscores only, e.g. RABBITMQ_URL."
-        if self.url_secret:
-            scheme = urlsplit(self.url_secret).scheme
+        secret_parts = _split_url(self.url_secret) if self.url_secret else None
+        if self.url_secret and secret_parts is None:
+            errors["url_secret"] = "This is not a valid URL."
+        elif secret_parts is not None:
+            scheme = secret_parts.scheme
             allowed = URL_SCHEMES.get(BrokerKind(self.kind), ()) if self.kind else ()
             if allowed and scheme not in allowed:
                 errors["url_secret"] = (
@@ -110,9 +123,12 @@ class Broker(models.Model):
                     "Only RabbitMQ (management or Prometheus) and NATS (monitoring port) "
                     "brokers use a management URL."
                 )
-            elif urlsplit(self.management_url).scheme not in ("http", "https"):
+            elif (parts := _split_url(self.management_url)) is None or parts.scheme not in (
+                "http",
+                "https",
+            ):
                 errors["management_url"] = "Give an http:// or https:// URL."
-            elif urlsplit(self.management_url).password:
+            elif parts.password:
                 errors["management_url"] = (
                     "Leave credentials out: they are taken from the connection URL."
                 )

@@ -179,3 +179,22 @@ def test_management_url_is_for_rabbitmq_and_nats_only() -> None:
     assert "management_url" in errors("nats", "http://u:secret@127.0.0.1:8222")
     assert "management_url" in errors("redis", "http://127.0.0.1:8222")
     assert errors("rabbitmq", "http://127.0.0.1:15672") == {}
+
+
+def test_malformed_broker_urls_are_field_errors_not_crashes(registry_admin: User) -> None:
+    response = client_for(registry_admin).post(
+        "/admin/channels_registry/broker/add/",
+        {
+            "name": "r",
+            "kind": "rabbitmq",
+            "url_env": "",
+            "url_secret": "amqp://[::1",
+            "management_url": "http://[::1",
+            "poll_interval_s": 15,
+        },
+    )
+    page = response.content.decode()
+    assert response.status_code == 200
+    assert "This is not a valid URL." in page
+    assert "Give an http:// or https:// URL." in page
+    assert not Broker.objects.exists()
