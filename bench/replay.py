@@ -1,7 +1,7 @@
 """Replay benchmark (hand-run, not a test): ``.venv/bin/python -m bench.replay``.
 
 N (default 20,000) persistent 1 KiB dead letters in a fresh PostgreSQL database are replayed by
-the real relay (``dlq.replay.run_plan``: batches, confirms, per-message item state, one audit
+the real relay (``dlq.relay.run_plan``: batches, confirms, per-message item state, one audit
 event per entry) and compared, in the same run, with:
 
 - RabbitMQ: the broker's own shovel "move messages" (a dynamic shovel with
@@ -96,14 +96,15 @@ def relay(channel: Any) -> float:
     from django.contrib.auth.models import User
 
     from audit.actions import Actor
-    from dlq import replay
+    from dlq import relay
     from dlq.actions import do_approve_plan, do_create_plan
     from dlq.filters import EntryFilter
     from dlq.models import DeadLetter, PlanStatus
+    from dlq.preview import Selection
 
     requester, _ = User.objects.get_or_create(username="bench-requester")
     approver, _ = User.objects.get_or_create(username="bench-approver")
-    selection = replay.Selection(EntryFilter(channel=channel.slug))
+    selection = Selection(EntryFilter(channel=channel.slug))
     started = time.monotonic()
     plan, _ = do_create_plan(
         "replay", selection, DeadLetter.objects.all(), actor=Actor.for_user(requester),
@@ -113,7 +114,7 @@ def relay(channel: Any) -> float:
         do_approve_plan(plan.pk, actor=Actor.for_user(approver), reason="bench")
     frozen = time.monotonic() - started
     started = time.monotonic()
-    result = replay.run_plan(plan.pk, max_seconds=600)
+    result = relay.run_plan(plan.pk, max_seconds=600)
     elapsed = time.monotonic() - started
     plan.refresh_from_db()
     assert plan.status == PlanStatus.DONE and plan.confirmed == N, (plan.status, plan.confirmed)

@@ -22,7 +22,7 @@ from django.utils import timezone
 from audit.actions import Actor, EventSpec, record, record_many
 from brokers.base import BrokerError
 from channels_registry.models import BrokerConfigError, Channel
-from dlq import replay, retention
+from dlq import retention
 from dlq.ingest import IngestResult, ingest_channel
 from dlq.models import (
     DeadLetter,
@@ -33,6 +33,7 @@ from dlq.models import (
     ReplayPlan,
     Status,
 )
+from dlq.preview import ID_CHUNK, build_preview, ids_digest, ordered_ids
 from dlq.replay_models import FINISHED, RUNNABLE
 
 log = logging.getLogger(__name__)
@@ -135,7 +136,7 @@ def do_record_download(entry: DeadLetter, actor: Actor) -> None:
     )
 
 
-# -- replay and discard plans (see dlq.replay) ---------------------------------------------
+# -- replay and discard plans (see dlq.preview, dlq.relay) -----------------------------------------
 
 
 class PlanRefused(Exception):
@@ -194,7 +195,7 @@ def do_create_plan(
         raise PlanRefused("Give a reason.")
     try:
         with transaction.atomic():
-            preview = replay.preview(kind, selection, entries)
+            preview = build_preview(kind, selection, entries)
             if preview.errors:
                 raise PlanRefused(" ".join(preview.errors))
             if preview.blocked and not (override and override_reason.strip()):
@@ -202,7 +203,7 @@ def do_create_plan(
                     "Blocked by the channel's declaration: tick the override and give its reason."
                 )
             override = bool(override and preview.blocked)
-            ids = replay.ordered_ids(kind, selection, entries)
+            ids = ordered_ids(kind, selection, entries)
             if not ids:
                 raise PlanRefused("None of the matching entries can be planned any more.")
             needs_approval = override or len(ids) > settings.DLO_FOUR_EYES_THRESHOLD
@@ -233,8 +234,8 @@ def do_create_plan(
                 batch_size=2000,
             )
             if kind == PlanKind.REPLAY:
-                for start in range(0, len(ids), replay.ID_CHUNK):
-                    chunk = ids[start : start + replay.ID_CHUNK]
+                for start in range(0, len(ids), ID_CHUNK):
+                    chunk = ids[start : start + ID_CHUNK]
                     DeadLetter.objects.filter(pk__in=chunk).update(status=Status.REPLAYING)
             record(
                 f"dlq.{kind}.plan",
@@ -246,7 +247,7 @@ def do_create_plan(
                     "entries": len(ids),
                     "matched": preview.matched,
                     "excluded": preview.excluded,
-                    "ids_sha256": replay.ids_digest(ids),
+                    "ids_sha256": ids_digest(ids),
                     "first_id": ids[0],
                     "last_id": ids[-1],
                     "selection": selection.as_json(),
@@ -266,7 +267,7 @@ def do_create_plan(
                         ReplayItem.objects.filter(plan=plan).values_list("entry_id", "pk")
                     )
 
-                for start in range(0, len(ids), replay.ID_CHUNK):
+                for start in range(0, len(ids), ID_CHUNK):
                     record_many(
                         [
                             EventSpec(
@@ -282,7 +283,7 @@ def do_create_plan(
                                     "target": plan.target_display,
                                 },
                             )  # fmt: skip
-                            for pk in ids[start : start + replay.ID_CHUNK]
+                            for pk in ids[start : start + ID_CHUNK]
                         ],
                         actor=actor,
                     )

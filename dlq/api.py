@@ -141,9 +141,9 @@ def serialize_plan(plan: Any) -> dict[str, Any]:
 
 def _create_plan(request: HttpRequest) -> HttpResponse:
     from audit.actions import Actor
-    from dlq import replay
     from dlq.actions import PlanRefused, do_create_plan
     from dlq.models import PlanKind
+    from dlq.preview import DEFAULT_VELOCITY, MAX_VELOCITY, Selection, build_preview
 
     try:
         data = json.loads(request.body or b"{}")
@@ -165,15 +165,15 @@ def _create_plan(request: HttpRequest) -> HttpResponse:
     ids = data.get("ids") or []
     if not isinstance(ids, list) or not all(isinstance(i, int) for i in ids):
         return api_error(400, "ids must be a list of entry ids")
-    selection = replay.Selection(EntryFilter.from_params(params), sorted(set(ids)))
+    selection = Selection(EntryFilter.from_params(params), sorted(set(ids)))
     entries = entries_for_user(request)
     if data.get("preview"):
-        return JsonResponse(replay.preview(kind, selection, entries).as_json())
+        return JsonResponse(build_preview(kind, selection, entries).as_json())
     options: dict[str, Any] = {}
     if kind == PlanKind.REPLAY:
         try:
             options = {
-                "velocity": float(data.get("rate") or replay.DEFAULT_VELOCITY),
+                "velocity": float(data.get("rate") or DEFAULT_VELOCITY),
                 "canary_size": int(data.get("canary_size") or 0),
                 "canary_wait_s": float(data.get("canary_wait_s") or 30.0),
                 "override": bool(data.get("override_reason")),
@@ -181,8 +181,8 @@ def _create_plan(request: HttpRequest) -> HttpResponse:
             }
         except (TypeError, ValueError):
             return api_error(400, "rate, canary_size and canary_wait_s must be numbers")
-        if not 0 < options["velocity"] <= replay.MAX_VELOCITY:
-            return api_error(400, f"rate must be in (0, {replay.MAX_VELOCITY:g}]")
+        if not 0 < options["velocity"] <= MAX_VELOCITY:
+            return api_error(400, f"rate must be in (0, {MAX_VELOCITY:g}]")
         # The same bounds as the page's form; NaN and Infinity (which JSON parsing accepts)
         # would otherwise reach the relay's timedelta arithmetic and fail every run.
         if not 0 <= options["canary_size"] <= 10_000:

@@ -44,7 +44,7 @@ from channels_registry.models import BrokerKind, Channel, DlqStrategy, Idempoten
 from dlq import redaction, render
 from dlq.fingerprint import fingerprint, normalize_error
 from dlq.models import DeadLetter, FailureGroup, Source
-from dlq.replay import link_replayed_parents
+from dlq.relay import link_replayed_parents
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 
 A plan is the transactional outbox of a bulk action: the request freezes the exact entry ids
 (one ``ReplayItem`` each, in replay order), the target taken from the channel declaration, the
-velocity, the warnings the user saw, actor and reason. The relay (``dlq.replay``) then works
+velocity, the warnings the user saw, actor and reason. The relay (``dlq.relay``) then works
 through the items; every attempt is a row update, every terminal outcome an audit event.
 
 Imported at the end of ``dlq.models`` so Django registers the models with the app.

@@ -17,7 +17,6 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 from audit.actions import Actor
 from audit.models import AuditEvent
 from dashboard.http import HtmxHttpRequest
-from dlq import replay
 from dlq.access import entries_for_user, get_plan_for_user, plans_for_user, require_action
 from dlq.actions import (
     PlanRefused,
@@ -28,6 +27,7 @@ from dlq.actions import (
     do_resume_plan,
 )
 from dlq.models import ItemStatus, PlanKind, PlanStatus, ReplayItem
+from dlq.preview import DEFAULT_VELOCITY, MAX_VELOCITY, Selection, build_preview
 from dlq.replay_models import RUNNABLE
 
 PLANS_SHOWN = 100
@@ -47,8 +47,8 @@ def _number(raw: str, default: float, low: float, high: float) -> float:
 def _plan_options(data: Any) -> dict[str, Any]:
     canary = int(_number(data.get("canary_size", ""), 0, 0, 10_000))
     return {
-        "velocity": _number(data.get("velocity", ""), replay.DEFAULT_VELOCITY, 0.1,
-                            replay.MAX_VELOCITY),
+        "velocity": _number(data.get("velocity", ""), DEFAULT_VELOCITY, 0.1,
+                            MAX_VELOCITY),
         "canary_size": canary,
         "canary_wait_s": _number(data.get("canary_wait_s", ""), 30.0, 1.0, 3600.0),
         "override": data.get("override") == "on",
@@ -62,7 +62,7 @@ def bulk_action(request: HtmxHttpRequest, kind: str) -> HttpResponse:
     if kind not in PlanKind.values:
         raise Http404
     data = request.POST if request.method == "POST" else request.GET
-    selection = replay.Selection.from_params(data)
+    selection = Selection.from_params(data)
     require_action(request, kind, f"{kind} {selection.as_json()}")
     entries = entries_for_user(request)
     if request.method == "POST":
@@ -84,7 +84,7 @@ def bulk_action(request: HtmxHttpRequest, kind: str) -> HttpResponse:
             elif plan.status == PlanStatus.AWAITING_APPROVAL:
                 messages.warning(request, "The plan needs a second person's approval to run.")
             return redirect(plan)
-    result = replay.preview(kind, selection, entries)
+    result = build_preview(kind, selection, entries)
     context = {
         "kind": kind,
         "p": result,
@@ -93,7 +93,7 @@ def bulk_action(request: HtmxHttpRequest, kind: str) -> HttpResponse:
         "threshold": settings.DLO_FOUR_EYES_THRESHOLD,
         "request_key": uuid.uuid4().hex,
         "form": _plan_options(data) | {"reason": data.get(REASON_FIELD, "")},
-        "velocity_default": replay.DEFAULT_VELOCITY,
+        "velocity_default": DEFAULT_VELOCITY,
     }
     status = 400 if request.method == "POST" else 200
     return render(request, "dlq/replay_preview.html", context, status=status)

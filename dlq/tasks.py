@@ -41,9 +41,9 @@ def run_replay_plan_task(plan_id: int) -> dict[str, int | str]:
     """Run a replay/discard plan for one time slice. Idempotent on re-entry: the plan's lease
     lets one relay at a time work on it, and items carry their own state. Re-enqueues itself
     while work is left; the periodic ``resume_replay_plans_task`` catches any that get lost."""
-    from dlq import replay
+    from dlq import relay
 
-    result = replay.run_plan(plan_id)
+    result = relay.run_plan(plan_id)
     if result.more:
         run_replay_plan_task.apply_async((plan_id,), countdown=max(result.retry_in, 0.5))
     return {"published": result.published, "confirmed": result.confirmed, "status": result.status}
@@ -55,12 +55,12 @@ def resume_replay_plans_task() -> int:
     task, or ``make run`` without Celery) are run again; in-process when tasks run eagerly."""
     from django.conf import settings
 
-    from dlq import replay
+    from dlq import relay
 
-    ids = replay.orphaned_plans()
+    ids = relay.orphaned_plans()
     for plan_id in ids:
         if settings.CELERY_TASK_ALWAYS_EAGER:
-            replay.run_plan(plan_id, max_seconds=10.0)  # the scheduler thread, bounded
+            relay.run_plan(plan_id, max_seconds=10.0)  # the scheduler thread, bounded
         else:
             run_replay_plan_task.delay(plan_id)
     return len(ids)

@@ -10,10 +10,11 @@ import pytest
 from audit.actions import Actor
 from brokers.base import Address, BrokerAdapter, DrainSession, OutgoingMessage, Publisher
 from brokers.base import PublishOutcome as Outcome
-from dlq import ingest, replay
+from dlq import ingest, relay
 from dlq.actions import do_create_plan
 from dlq.filters import EntryFilter
 from dlq.models import DeadLetter, ReplayPlan
+from dlq.preview import Selection
 
 Policy = Callable[[OutgoingMessage, int], Outcome]
 
@@ -74,21 +75,21 @@ class RecordingAdapter(BrokerAdapter):
 def publisher(monkeypatch: pytest.MonkeyPatch) -> Iterator[RecordingAdapter]:
     adapter = RecordingAdapter()
     monkeypatch.setattr(ingest, "adapter_for", lambda channel: adapter)
-    monkeypatch.setattr(replay, "backoff", lambda attempt: 0.0)
-    record_outcomes = replay._record_outcomes
+    monkeypatch.setattr(relay, "backoff", lambda attempt: 0.0)
+    record_outcomes = relay._record_outcomes
 
     def hooked(*args: Any, **kwargs: Any) -> tuple[int, int]:
         adapter.run_hooks()
         return record_outcomes(*args, **kwargs)
 
-    monkeypatch.setattr(replay, "_record_outcomes", hooked)
+    monkeypatch.setattr(relay, "_record_outcomes", hooked)
     yield adapter
 
 
 def plan_for(
     entries: list[DeadLetter], user: Any, kind: str = "replay", **options: Any
 ) -> ReplayPlan:
-    selection = replay.Selection(EntryFilter(), [e.pk for e in entries])
+    selection = Selection(EntryFilter(), [e.pk for e in entries])
     options.setdefault("reason", "fixed the consumer")
     options.setdefault("velocity", None)
     plan, created = do_create_plan(

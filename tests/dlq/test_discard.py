@@ -9,8 +9,9 @@ from django.contrib.auth.models import User
 from django.test import override_settings
 
 from audit.models import AuditEvent
-from dlq import replay
+from dlq import relay
 from dlq.models import DeadLetter, ItemStatus, PlanStatus, ReplayPlan, Status
+from dlq.preview import Selection, build_preview
 from tests.conftest import client_for, make_channel, make_user
 from tests.dlq.conftest import letter, store
 from tests.dlq.replay_helpers import plan_for
@@ -85,7 +86,7 @@ def test_bulk_discard_above_the_threshold_waits_for_a_second_person(oncall: User
 def test_entries_being_replayed_are_skipped_not_discarded(oncall: User) -> None:
     entries = _entries(2)
     plan_for(entries[:1], oncall)  # entry 0 is now REPLAYING
-    preview = replay.preview("discard", replay.Selection.from_params({"channel": "orders"}),
+    preview = build_preview("discard", Selection.from_params({"channel": "orders"}),
                              DeadLetter.objects.all())  # fmt: skip
     assert preview.eligible == 1 and preview.excluded == {"being replayed": 1}
 
@@ -104,5 +105,5 @@ def test_a_large_approved_discard_runs_in_the_relay_in_batches(oncall: User) -> 
     finally:
         actions.DISCARD_INLINE = original
     assert ReplayPlan.objects.get().status == PlanStatus.QUEUED
-    assert replay.run_plan(plan.pk).status == PlanStatus.DONE
+    assert relay.run_plan(plan.pk).status == PlanStatus.DONE
     assert set(plan.items.values_list("status", flat=True)) == {ItemStatus.DISCARDED}

@@ -14,9 +14,10 @@ from audit.chain import GENESIS
 from audit.models import AuditEvent
 from brokers.base import PublishOutcome as Outcome
 from channels_registry.models import ChannelHealth
-from dlq import replay
+from dlq import relay
 from dlq.actions import PlanRefused, do_approve_plan, do_cancel_plan, do_pause_plan, do_resume_plan
 from dlq.models import DeadLetter, ItemStatus, PlanStatus, ReplayItem, ReplayPlan, Status
+from dlq.preview import Selection, build_preview, ids_digest
 from tests.conftest import client_for, make_channel, make_user
 from tests.dlq import replay_helpers
 from tests.dlq.conftest import letter, store
@@ -105,7 +106,7 @@ def test_preview_shows_exact_count_target_and_each_warning(oncall: User) -> None
         "schema_older",
         "no_consumers",
     }
-    preview = replay.preview("replay", replay.Selection.from_params({"channel": "orders"}),
+    preview = build_preview("replay", Selection.from_params({"channel": "orders"}),
                              DeadLetter.objects.all())  # fmt: skip
     counts = {w.code: w.count for w in preview.warnings}
     assert counts["missing_idempotency_key"] == 1
@@ -119,7 +120,7 @@ def test_preview_count_is_the_list_filters_count(oncall: User) -> None:
     channel = make_channel()
     store(channel, *[letter(reason="expired") for _ in range(3)], letter(reason="rejected"))
     params = {"channel": "orders", "reason": "expired"}
-    preview = replay.preview("replay", replay.Selection.from_params(params),
+    preview = build_preview("replay", Selection.from_params(params),
                              DeadLetter.objects.all())  # fmt: skip
     from dlq.filters import EntryFilter
 
@@ -175,7 +176,7 @@ def test_confirming_freezes_a_plan_audited_in_one_go(oncall: User) -> None:
     assert set(DeadLetter.objects.values_list("status", flat=True)) == {Status.REPLAYING}
     [event] = AuditEvent.objects.filter(action="dlq.replay.plan")
     assert event.reason == "consumer fixed" and event.after["entries"] == 3
-    assert event.after["ids_sha256"] == replay.ids_digest(e.pk for e in entries)
+    assert event.after["ids_sha256"] == ids_digest(e.pk for e in entries)
     requests = AuditEvent.objects.filter(action="dlq.replay.request")
     assert sorted(int(e.target_id) for e in requests) == [e.pk for e in entries]
     _assert_chain_intact()
@@ -200,7 +201,7 @@ def test_a_reason_is_required(oncall: User) -> None:
 def test_entries_in_a_running_plan_are_not_planned_twice(oncall: User) -> None:
     entries = _entries(2)
     plan_for(entries[:1], oncall)
-    preview = replay.preview("replay", replay.Selection.from_params({"channel": "orders"}),
+    preview = build_preview("replay", Selection.from_params({"channel": "orders"}),
                              DeadLetter.objects.all())  # fmt: skip
     assert preview.matched == 2 and preview.eligible == 1
     assert preview.excluded == {"being replayed": 1}
@@ -257,7 +258,7 @@ def test_relay_publishes_to_the_declared_target_with_a_replay_id(
         ],
     )
     plan = plan_for(entries, oncall)
-    result = replay.run_plan(plan.pk)
+    result = relay.run_plan(plan.pk)
     assert result.confirmed == 3 and result.status == PlanStatus.DONE
     assert {target.name for target, _ in publisher.sent} == {"orders"}
     for (_, message), entry in zip(publisher.sent, entries, strict=True):
@@ -287,7 +288,7 @@ def test_unroutable_is_retried_then_failed_with_the_reason(
         else Outcome(m.key, True)
     )
     ReplayPlan.objects.filter(pk=plan.pk).update(max_attempts=3)
-    result = replay.run_plan(plan.pk)
+    result = relay.run_plan(plan.pk)
     assert result.status == PlanStatus.DONE
     first_item.refresh_from_db()
     assert first_item.status == ItemStatus.FAILED and first_item.attempts == 3
@@ -308,7 +309,7 @@ def test_a_lost_confirm_republishes_with_the_same_replay_id(
     entries = _entries(1)
     plan = plan_for(entries, oncall)
     publisher.policy = lambda m, n: Outcome(m.key, n > 1, "" if n > 1 else "timeout")
-    replay.run_plan(plan.pk)
+    relay.run_plan(plan.pk)
     ids = [m.headers["x-dlq-replay-id"] for _, m in publisher.sent]
     assert len(ids) == 2 and ids[0] == ids[1]
     assert DeadLetter.objects.get().status == Status.REPLAYED
@@ -320,7 +321,7 @@ def test_pause_stops_and_resume_continues(
     entries = _entries(3)
     plan = plan_for(entries, oncall, velocity=1000.0)
     ReplayPlan.objects.filter(pk=plan.pk).update(velocity=1.0)  # one item per batch
-    take_batch = replay._take_batch
+    take_batch = relay._take_batch
 
     def pause_while_the_first_batch_is_out(*args: Any, **kwargs: Any) -> list[ReplayItem]:
         items = take_batch(*args, **kwargs)
@@ -328,13 +329,13 @@ def test_pause_stops_and_resume_continues(
             do_pause_plan(plan.pk, actor=Actor.for_user(oncall), reason="look")
         return items
 
-    monkeypatch.setattr(replay, "_take_batch", pause_while_the_first_batch_is_out)
-    result = replay.run_plan(plan.pk)
+    monkeypatch.setattr(relay, "_take_batch", pause_while_the_first_batch_is_out)
+    result = relay.run_plan(plan.pk)
     assert result.status == PlanStatus.PAUSED and len(publisher.sent) == 1
-    monkeypatch.setattr(replay, "_take_batch", take_batch)
+    monkeypatch.setattr(relay, "_take_batch", take_batch)
     do_resume_plan(plan.pk, actor=Actor.for_user(oncall))
     ReplayPlan.objects.filter(pk=plan.pk).update(velocity=None)
-    assert replay.run_plan(plan.pk).status == PlanStatus.DONE
+    assert relay.run_plan(plan.pk).status == PlanStatus.DONE
     assert len(publisher.sent) == 3
     actions = set(AuditEvent.objects.values_list("action", flat=True))
     assert {"dlq.replay.pause", "dlq.replay.resume"} <= actions
@@ -348,7 +349,7 @@ def test_cancel_returns_unsent_entries_to_new(oncall: User, publisher: Recording
     assert plan.status == PlanStatus.CANCELLED and plan.cancelled == 3
     assert set(plan.items.values_list("status", flat=True)) == {ItemStatus.CANCELLED}
     assert set(DeadLetter.objects.values_list("status", flat=True)) == {Status.NEW}
-    assert replay.run_plan(plan.pk).claimed is False
+    assert relay.run_plan(plan.pk).claimed is False
     assert publisher.sent == []
     _assert_one_request_and_one_outcome_each(entries, terminal=("dlq.replay.cancelled",))
     with pytest.raises(PlanRefused):
@@ -367,7 +368,7 @@ def test_the_canary_halts_when_the_failure_comes_back(
 
     publisher.after_publish.append(dead_letter_again)
     plan = plan_for(entries, oncall, canary_size=2, canary_wait_s=0.01)
-    result = replay.run_plan(plan.pk)
+    result = relay.run_plan(plan.pk)
     plan.refresh_from_db()
     assert result.status == PlanStatus.HALTED and len(publisher.sent) == 2
     assert "canary" in plan.status_note
@@ -385,7 +386,7 @@ def test_the_canary_halts_when_the_failure_comes_back(
 def test_the_canary_passes_then_ramps_up(oncall: User, publisher: RecordingAdapter) -> None:
     entries = _entries(5, dlq_address="")
     plan = plan_for(entries, oncall, canary_size=2, canary_wait_s=0.01)
-    assert replay.run_plan(plan.pk).status == PlanStatus.DONE
+    assert relay.run_plan(plan.pk).status == PlanStatus.DONE
     assert len(publisher.sent) == 5
     assert AuditEvent.objects.filter(action="dlq.replay.canary_passed").count() == 1
 
@@ -419,7 +420,7 @@ def test_plan_page_shows_progress_and_polls_while_live(
     assert "Pause" not in html  # viewers see, cannot act
     partial = client_for(oncall).get(plan.get_absolute_url(), headers={"HX-Request": "true"})
     assert partial.content.decode().lstrip().startswith('<section class="card replay-progress"')
-    replay.run_plan(plan.pk)
+    relay.run_plan(plan.pk)
     html = client_for(oncall).get(plan.get_absolute_url()).content.decode()
     assert "every 2s" not in html and "Done" in html
     listing = client_for(viewer).get("/dead-letters/replays/").content.decode()
@@ -433,10 +434,10 @@ def test_the_periodic_relay_picks_up_orphaned_plans(
     from dlq.tasks import resume_replay_plans_task
 
     plan = plan_for(_entries(2), oncall)
-    assert replay.orphaned_plans() == [plan.pk]
+    assert relay.orphaned_plans() == [plan.pk]
     assert resume_replay_plans_task() == 1
     assert ReplayPlan.objects.get().status == PlanStatus.DONE
-    assert replay.orphaned_plans() == []
+    assert relay.orphaned_plans() == []
 
 
 # -- helpers -------------------------------------------------------------------------------
@@ -470,7 +471,7 @@ def test_non_ascii_digits_in_ids_and_versions_are_ignored_not_a_crash(oncall: Us
     response = client_for(oncall).get(f"/dead-letters/replay/?id=²,{entry.pk}")
     assert response.status_code == 200
     assert '<strong class="replay-count">1</strong>' in response.content.decode()
-    assert replay.Selection.from_params({"id": "²"}).ids == []
+    assert Selection.from_params({"id": "²"}).ids == []
 
 
 def test_a_broker_url_variable_unset_on_the_worker_pauses_the_plan_with_the_reason(
@@ -479,7 +480,7 @@ def test_a_broker_url_variable_unset_on_the_worker_pauses_the_plan_with_the_reas
     monkeypatch.delenv("RABBITMQ_URL", raising=False)
     entries = _entries(2)
     plan = plan_for(entries, oncall)
-    result = replay.run_plan(plan.pk)  # no exception: a task would only retry the same failure
+    result = relay.run_plan(plan.pk)  # no exception: a task would only retry the same failure
     plan.refresh_from_db()
     assert result.status == plan.status == PlanStatus.PAUSED and not result.more
     assert "RABBITMQ_URL" in plan.status_note
@@ -487,7 +488,7 @@ def test_a_broker_url_variable_unset_on_the_worker_pauses_the_plan_with_the_reas
     event = AuditEvent.objects.get(action="dlq.replay.pause")
     assert "RABBITMQ_URL" in event.reason and event.outcome == "failed"
     assert "RABBITMQ_URL" in client_for(oncall).get(plan.get_absolute_url()).content.decode()
-    assert replay.orphaned_plans() == []
+    assert relay.orphaned_plans() == []
 
 
 def test_a_replay_id_header_in_other_case_still_links_the_parent(oncall: User) -> None:

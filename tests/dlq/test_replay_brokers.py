@@ -15,7 +15,7 @@ from django.contrib.auth.models import User
 
 from audit.models import AuditEvent
 from channels_registry.models import BrokerKind
-from dlq import replay
+from dlq import relay
 from dlq.models import DeadLetter, ItemStatus, PlanStatus, ReplayItem, Status
 from tests.conftest import broker_required, make_broker, make_channel
 from tests.dlq.conftest import letter, store
@@ -39,7 +39,7 @@ def rabbit(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[pika.BlockingConne
     ch = connection.channel()
     ch.queue_declare(queue, durable=True)
     ch.queue_declare(f"{queue}.evil", durable=True)
-    monkeypatch.setattr(replay, "backoff", lambda attempt: 0.0)
+    monkeypatch.setattr(relay, "backoff", lambda attempt: 0.0)
     yield connection, queue
     ch = connection.channel()
     ch.queue_delete(queue)
@@ -84,7 +84,7 @@ def test_rabbitmq_replay_lands_on_the_origin_queue_with_its_replay_id(
     channel = _rabbit_channel(queue)
     entries = store(channel, *[_forged(i, queue) for i in range(20)])
     plan = plan_for(entries, oncall)
-    result = replay.run_plan(plan.pk)
+    result = relay.run_plan(plan.pk)
     assert result.status == PlanStatus.DONE and result.confirmed == 20
     got = _consume(connection, queue)
     assert len(got) == 20
@@ -112,7 +112,7 @@ def test_rabbitmq_unroutable_target_never_reaches_replayed(
     plan.max_attempts = 2
     plan.save(update_fields=["max_attempts"])
     connection.channel().queue_delete(queue)  # the binding is gone: mandatory → returned
-    result = replay.run_plan(plan.pk)
+    result = relay.run_plan(plan.pk)
     assert result.status == PlanStatus.DONE and result.confirmed == 0
     items = list(ReplayItem.objects.filter(plan=plan))
     assert {i.status for i in items} == {ItemStatus.FAILED}
@@ -138,7 +138,7 @@ def test_redis_replay_xadds_to_the_declared_stream(oncall: User, monkeypatch: An
                                                    "x-first-death-queue": "evil"})
                                    for i in range(3)])  # fmt: skip
         plan = plan_for(entries, oncall)
-        assert replay.run_plan(plan.pk).status == PlanStatus.DONE
+        assert relay.run_plan(plan.pk).status == PlanStatus.DONE
         rows = client.xrange(stream)
         assert len(rows) == 3
         ids = {f[b"x-dlq-replay-id"].decode() for _, f in rows}
@@ -184,7 +184,7 @@ def test_nats_replay_publishes_to_the_stored_subject_with_a_msg_id(
     )
     plan = plan_for(entries, oncall)
     try:
-        assert replay.run_plan(plan.pk).status == PlanStatus.DONE
+        assert relay.run_plan(plan.pk).status == PlanStatus.DONE
 
         async def read() -> list[Any]:
             nc = await nats.connect(NATS_URL, connect_timeout=2, max_reconnect_attempts=0)
@@ -210,11 +210,11 @@ def test_nats_replay_publishes_to_the_stored_subject_with_a_msg_id(
 
 def test_a_broker_that_is_down_leaves_items_to_retry(oncall: User, monkeypatch: Any) -> None:
     monkeypatch.setenv("DLO_TEST_REPLAY_AMQP", "amqp://guest:guest@127.0.0.1:1/%2F")
-    monkeypatch.setattr(replay, "backoff", lambda attempt: 30.0)
+    monkeypatch.setattr(relay, "backoff", lambda attempt: 30.0)
     channel = _rabbit_channel("nowhere")
     entries = store(channel, letter())
     plan = plan_for(entries, oncall)
-    result = replay.run_plan(plan.pk, max_seconds=1.0)
+    result = relay.run_plan(plan.pk, max_seconds=1.0)
     assert result.more and result.confirmed == 0
     item = ReplayItem.objects.get(plan=plan)
     assert item.status == ItemStatus.PENDING and "broker error" in item.last_error

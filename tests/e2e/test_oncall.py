@@ -16,7 +16,7 @@ from audit.models import AuditEvent
 from channels_registry.polling import do_poll_broker
 from dlq.actions import do_ingest_channel
 from dlq.models import DeadLetter, Status
-from dlq.replay import run_plan
+from dlq.relay import run_plan
 from dlq.replay_models import PlanStatus, ReplayPlan
 from tests.conftest import PASSWORD, make_broker, make_channel
 from tests.e2e.conftest import browser_user, off_loop

@@ -8,9 +8,9 @@ from django.contrib.auth import get_user_model
 from django.core.management.base import CommandError, CommandParser, OutputWrapper
 
 from audit.actions import Actor
-from dlq import replay
 from dlq.filters import EntryFilter, parse_id
 from dlq.models import DeadLetter
+from dlq.preview import Preview, Selection
 
 
 def add_selection_arguments(parser: CommandParser) -> None:
@@ -23,7 +23,7 @@ def add_selection_arguments(parser: CommandParser) -> None:
     parser.add_argument("--yes", action="store_true", help="Act; without it only preview.")
 
 
-def selection(options: dict[str, Any]) -> replay.Selection:
+def selection(options: dict[str, Any]) -> Selection:
     if not options.get("channel"):
         raise CommandError("Give --channel SLUG.")
     params = {"channel": options["channel"], "group": options.get("group") or "",
@@ -35,7 +35,7 @@ def selection(options: dict[str, Any]) -> replay.Selection:
             if pk is None:
                 raise CommandError(f"--ids: {raw!r} is not an entry id.")
             ids.append(pk)
-    chosen = replay.Selection(EntryFilter.from_params(params), sorted(set(ids)))
+    chosen = Selection(EntryFilter.from_params(params), sorted(set(ids)))
     if ids:
         # Ids stay within the channel (and group) given, never "any entry with this id".
         allowed = set(chosen.filter.apply(DeadLetter.objects.filter(pk__in=ids)).values_list(
@@ -59,7 +59,7 @@ def actor(options: dict[str, Any], permission: str) -> Actor:
     return Actor.for_user(user)
 
 
-def write_preview(out: OutputWrapper, preview: replay.Preview) -> None:
+def write_preview(out: OutputWrapper, preview: Preview) -> None:
     data = preview.as_json()
     out.write(f"{preview.kind} preview: channel {data['channel']}, {preview.matched} matching, "
               f"{preview.eligible} to {preview.kind}, target {data['target'] or '-'}")  # fmt: skip

@@ -4,7 +4,6 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from dlq import replay
 from dlq.actions import PlanRefused, do_create_plan
 from dlq.management.commands._bulk import (
     actor,
@@ -13,6 +12,7 @@ from dlq.management.commands._bulk import (
     write_preview,
 )
 from dlq.models import DeadLetter, PlanKind
+from dlq.preview import build_preview
 
 
 class Command(BaseCommand):
@@ -23,7 +23,7 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         chosen = selection(options)
-        preview = replay.preview(PlanKind.DISCARD, chosen, DeadLetter.objects.all())
+        preview = build_preview(PlanKind.DISCARD, chosen, DeadLetter.objects.all())
         write_preview(self.stdout, preview)
         if not options["yes"]:
             self.stdout.write("preview only: add --reason and --yes to discard")

@@ -4,7 +4,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from dlq import replay
+from dlq import relay
 from dlq.actions import PlanRefused, do_approve_plan, do_create_plan
 from dlq.management.commands._bulk import (
     actor,
@@ -13,6 +13,7 @@ from dlq.management.commands._bulk import (
     write_preview,
 )
 from dlq.models import DeadLetter, PlanKind, PlanStatus
+from dlq.preview import DEFAULT_VELOCITY, build_preview
 
 
 class Command(BaseCommand):
@@ -53,7 +54,7 @@ class Command(BaseCommand):
             self._run(options["plan"], options["max_seconds"])
             return
         chosen = selection(options)
-        preview = replay.preview(PlanKind.REPLAY, chosen, DeadLetter.objects.all())
+        preview = build_preview(PlanKind.REPLAY, chosen, DeadLetter.objects.all())
         write_preview(self.stdout, preview)
         if not options["yes"]:
             self.stdout.write("preview only: add --reason and --yes to freeze the plan")
@@ -67,7 +68,7 @@ class Command(BaseCommand):
                 DeadLetter.objects.all(),
                 actor=actor(options, "dlq.replay_deadletter"),
                 reason=options["reason"],
-                velocity=options["rate"] or replay.DEFAULT_VELOCITY,
+                velocity=options["rate"] or DEFAULT_VELOCITY,
                 canary_size=options["canary"],
                 canary_wait_s=options["canary_wait"],
                 override=bool(options["override"]),
@@ -80,7 +81,7 @@ class Command(BaseCommand):
             self._run(plan.pk, options["max_seconds"])
 
     def _run(self, plan_id: int, max_seconds: float) -> None:
-        result = replay.run_plan(plan_id, max_seconds=max_seconds)
+        result = relay.run_plan(plan_id, max_seconds=max_seconds)
         if not result.claimed:
             raise CommandError(f"Plan #{plan_id} is not runnable or another relay holds it.")
         self.stdout.write(
