@@ -32,6 +32,7 @@ from dlq.models import (
     ReplayItem,
     ReplayPlan,
     Status,
+    refresh_open_counts,
 )
 from dlq.preview import ID_CHUNK, build_preview, ids_digest, ordered_ids
 from dlq.replay_models import FINISHED, RUNNABLE
@@ -237,6 +238,7 @@ def do_create_plan(
                 for start in range(0, len(ids), ID_CHUNK):
                     chunk = ids[start : start + ID_CHUNK]
                     DeadLetter.objects.filter(pk__in=chunk).update(status=Status.REPLAYING)
+                    refresh_open_counts(chunk)  # a resolved entry replayed again is open
             record(
                 f"dlq.{kind}.plan",
                 actor=actor,
@@ -321,6 +323,7 @@ def _discard_items(plan: Any, items: list[Any]) -> int:
     )
     before = dict(eligible)
     DeadLetter.objects.filter(pk__in=list(before)).update(status=Status.DISCARDED)
+    refresh_open_counts(list(before))
     done = [i for i in items if i.entry_id in before]
     skipped = [i for i in items if i.entry_id not in before]
     ReplayItem.objects.filter(pk__in=[i.pk for i in done]).update(

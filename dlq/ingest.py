@@ -414,6 +414,7 @@ def _count_into_groups(
         seen = [e.dead_lettered_at for e in entries]
         changes: dict[str, Any] = {
             "count": F("count") + len(entries),
+            "open_count": F("open_count") + len(entries),
             "last_seen": Greatest(F("last_seen"), max(seen)),
         }
         if group.sample_id is None:

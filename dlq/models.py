@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime as dt
 
 from django.db import models
+from django.db.models.functions import Coalesce
 from django.urls import reverse
 from django.utils import timezone
 
@@ -31,6 +32,8 @@ class Status(models.TextChoices):
 
 # Entries in these states are resolved: their payload may be purged after the retention window.
 RESOLVED = (Status.REPLAYED, Status.DISCARDED)
+#: Entries still waiting for triage (the partial indexes below serve these counts).
+UNRESOLVED_Q = ~models.Q(status__in=RESOLVED)
 
 
 class FailureGroup(models.Model):
@@ -42,6 +45,8 @@ class FailureGroup(models.Model):
     error_class = models.CharField(max_length=300, blank=True)
     normalized_error = models.TextField(blank=True)
     count = models.BigIntegerField(default=0)
+    # Entries not yet replayed or discarded (see ``refresh_open_counts``): the triage order.
+    open_count = models.BigIntegerField(default=0)
     first_seen = models.DateTimeField()
     last_seen = models.DateTimeField(db_index=True)
     sample = models.ForeignKey(
@@ -117,6 +122,10 @@ class DeadLetter(models.Model):
             models.Index(fields=["reason", "id"], name="dlq_entry_reason_id"),
             models.Index(fields=["idempotency_key"], name="dlq_entry_idem"),
             models.Index(fields=["dead_lettered_at"], name="dlq_entry_dead_at"),
+            models.Index(fields=["group"], condition=UNRESOLVED_Q, name="dlq_entry_open_group"),
+            models.Index(
+                fields=["channel", "source"], condition=UNRESOLVED_Q, name="dlq_entry_open_channel"
+            ),
         ]
         permissions = [
             ("replay_deadletter", "Can replay dead letters"),
@@ -180,3 +189,26 @@ __all__ = [
     "Source",
     "Status",
 ]
+
+
+def refresh_open_counts(entry_ids: list[int]) -> None:
+    """Recount ``open_count`` of the groups of these entries, after their status changed.
+
+    A recount rather than a +/- delta: entries move between many statuses (replaying, failed,
+    back to new on a cancel), and a recount cannot drift. Each count reads the partial index.
+    """
+    groups = (
+        DeadLetter.objects.filter(pk__in=entry_ids, group__isnull=False)
+        .values_list("group_id", flat=True)
+        .distinct()
+    )
+    open_entries = (
+        DeadLetter.objects.filter(UNRESOLVED_Q, group=models.OuterRef("pk"))
+        .order_by()
+        .values("group")
+        .annotate(n=models.Count("id"))
+        .values("n")
+    )
+    FailureGroup.objects.filter(pk__in=list(groups)).update(
+        open_count=Coalesce(models.Subquery(open_entries), 0)
+    )

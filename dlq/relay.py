@@ -56,6 +56,7 @@ from dlq.models import (
     ReplayItem,
     ReplayPlan,
     Status,
+    refresh_open_counts,
 )
 from dlq.replay_models import RUNNABLE, parse_replay_id
 
@@ -264,6 +265,7 @@ def _record_outcomes(
         )
         entry_ids = [i.entry_id for i in ok]
         DeadLetter.objects.filter(pk__in=entry_ids).update(status=Status.REPLAYED)
+        refresh_open_counts(entry_ids)
         specs = [
             EventSpec(
                 "dlq.replay.replayed",

@@ -47,9 +47,13 @@ def group_list(request: HtmxHttpRequest) -> HttpResponse:
     channel = request.GET.get("channel", "")[:100]
     if channel:
         groups = groups.filter(channel__slug=channel)
-    # Samples are fetched for the shown groups only: joined in the query, PostgreSQL looked up
-    # the sample of every group before sorting and cutting to GROUPS_SHOWN.
-    ordered = groups.select_related(None).select_related("channel").order_by("-last_seen", "-id")
+    # Open groups first (what needs triage). Samples are fetched for the shown groups only:
+    # joined in the query, PostgreSQL looked up the sample of every group before sorting.
+    ordered = (
+        groups.select_related(None)
+        .select_related("channel")
+        .order_by("-open_count", "-last_seen", "-id")
+    )
     shown = list(ordered[: GROUPS_SHOWN + 1])
     more = len(shown) > GROUPS_SHOWN
     shown = shown[:GROUPS_SHOWN]

@@ -252,3 +252,25 @@ def test_direction_overrides_in_broker_text_are_shown_not_obeyed(viewer: User) -
         page = client.get(url).content.decode()
         assert "\u202e" not in page, url
         assert visible(rtl) in page, url
+
+
+def test_groups_show_open_of_total_and_sort_by_open(viewer: User, oncall: User) -> None:
+    channel = make_channel()
+
+    def failing(cls: str, n: int) -> list[DeadLetter]:
+        return store(channel, *[letter(headers={"x-exception-class": cls}) for _ in range(n)])
+
+    mostly_done = failing("Timeout", 5)
+    failing("NotFound", 2)
+    # Discard four of the five Timeout entries: 1 open of 5, so NotFound (2 of 2) leads.
+    ids = ",".join(str(e.pk) for e in mostly_done[:4])
+    client_for(oncall).post(
+        "/dead-letters/discard/", {"id": ids, "action_reason": "fixed", "request_key": "g1"}
+    )
+    timeout = mostly_done[0].group
+    assert timeout is not None
+    timeout.refresh_from_db()
+    assert (timeout.open_count, timeout.count) == (1, 5)
+    html = client_for(viewer).get("/dead-letters/").content.decode()
+    assert 'aria-label="1 open of 5"' in html and 'aria-label="2 open of 2"' in html
+    assert html.index("NotFound") < html.index("Timeout")
