@@ -287,6 +287,7 @@ class _Run:
         alert.last_evaluated_at = self.now
         if event == rules.Event.FIRING:
             alert.fired_at = self.now
+            alert.fired_value = obs.value
             alert.evidence = evidence
             self.result.fired += 1
         else:
@@ -466,6 +467,7 @@ def _evaluate(now: dt.datetime) -> _Run:
                 "state",
                 "summary",
                 "value",
+                "fired_value",
                 "evidence",
                 "resolve_evidence",
                 "fired_at",

@@ -166,6 +166,8 @@ class Alert(models.Model):
     severity = models.CharField(max_length=10, choices=Severity.choices)
     summary = models.CharField(max_length=300)
     value = models.FloatField(null=True, blank=True)
+    # The observed value when it fired (``value`` moves with each change of state).
+    fired_value = models.FloatField(null=True, blank=True)
     threshold = models.FloatField(null=True, blank=True)
     # Evidence as it was when the alert fired (and, separately, when it resolved).
     evidence = models.JSONField(default=list, blank=True)

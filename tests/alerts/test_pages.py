@@ -197,3 +197,20 @@ def test_rule_override_inline_on_the_channel_form_is_audited_and_rechecked(
     assert "dlq-no-alert" in {f["code"] for f in channel.findings}
     event = AuditEvent.objects.get(action="registry.channel.alert_rules")
     assert event.after["dlq-depth"]["enabled"] is False
+
+
+def test_alert_text_shows_the_value_at_firing_and_now(viewer: object) -> None:
+    channel = make_channel(alert_lag_messages=150)
+    now = timezone.now()
+    for seconds in (0, 121):  # pending, then firing after the rule's 120 s
+        set_health(channel, now + dt.timedelta(seconds=seconds), backlog=166)
+        do_evaluate_alerts(now + dt.timedelta(seconds=seconds))
+    alert = Alert.objects.get(rule="backlog")
+    assert alert.state == "firing" and alert.fired_value == 166
+    # The backlog keeps growing; the alert row is not rewritten while it stays firing.
+    set_health(channel, now + dt.timedelta(seconds=136), backlog=352)
+    do_evaluate_alerts(now + dt.timedelta(seconds=136))
+    client = client_for(viewer)  # type: ignore[arg-type]
+    for url in ("/alerts/", f"/alerts/{alert.pk}/"):
+        html = client.get(url).content.decode()
+        assert "backlog 166 ≥ 150" in html and "at firing 166 · now 352" in html, url
