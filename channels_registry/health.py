@@ -130,6 +130,18 @@ class Thresholds:
         )
 
 
+@dataclasses.dataclass(frozen=True)
+class Unresolved:
+    """Dead letters the dashboard stored and nobody replayed or discarded yet. Ingest empties the
+    broker's DLQ into the store, so these are waiting for triage although the broker's DLQ
+    reads 0; DLQ flags count them beside the broker's depth."""
+
+    dlq: int = 0
+    poison: int = 0
+    #: Epoch seconds of the oldest one's death, None when there is none.
+    oldest_t: float | None = None
+
+
 @dataclasses.dataclass
 class Assessment:
     state: HealthState
@@ -213,6 +225,7 @@ def evaluate(
     previous: str | None = None,
     now: float,
     stale_after_s: float,
+    unresolved: Unresolved | None = None,
 ) -> Assessment:
     """Assess the channel from ``points`` (oldest first) at time ``now``.
 
@@ -251,7 +264,9 @@ def evaluate(
     result = Assessment(HealthState.OK, lag_s=lag_s)
 
     # 3. Dead letters (secondary flags, independent of the primary state).
-    result.dlq_flags, dlq_evidence = _dlq_flags(window or [last], thresholds)
+    result.dlq_flags, dlq_evidence = _dlq_flags(
+        window or [last], thresholds, unresolved or Unresolved(), now
+    )
 
     # 4. Primary state, worst first.
     waiting = (backlog or 0) + (last.in_flight or 0)
@@ -398,7 +413,11 @@ def _over_thresholds(
     return reasons
 
 
-def _dlq_flags(window: Sequence[Point], thresholds: Thresholds) -> tuple[list[DlqFlag], list[str]]:
+def _dlq_flags(
+    window: Sequence[Point], thresholds: Thresholds, unresolved: Unresolved, now: float
+) -> tuple[list[DlqFlag], list[str]]:
+    """Inflow from the broker's depths and counters; age and depth from what waits for triage:
+    the broker's DLQ and poison queue plus the stored entries not yet resolved."""
     flags: list[DlqFlag] = []
     evidence: list[str] = []
     last = window[-1]
@@ -416,15 +435,19 @@ def _dlq_flags(window: Sequence[Point], thresholds: Thresholds) -> tuple[list[Dl
         if (dead or 0) > 0 and not grew:
             evidence.append(f"{fmt_int(dead)} messages dead-lettered in the window")
     max_age = thresholds.oldest_age_s or DEFAULT_DLQ_AGE_S
-    if last.dlq_age_s is not None and last.dlq_depth and last.dlq_age_s >= max_age:
+    ages = [now - unresolved.oldest_t] if unresolved.oldest_t is not None else []
+    if last.dlq_age_s is not None and last.dlq_depth:
+        ages.append(last.dlq_age_s)
+    if ages and max(ages) >= max_age:
         flags.append(DlqFlag.AGED)
-        evidence.append(f"oldest dead letter waits {fmt_duration(last.dlq_age_s)}")
+        evidence.append(f"oldest dead letter waits {fmt_duration(max(ages))}")
     limit = thresholds.dlq_depth or 0
-    total = (last.dlq_depth or 0) + (last.poison_depth or 0)
+    stored = unresolved.dlq + unresolved.poison
+    total = (last.dlq_depth or 0) + (last.poison_depth or 0) + stored
     if total > limit:
         flags.append(DlqFlag.NONEMPTY)
-        evidence.append(
-            f"{fmt_int(last.dlq_depth)} in the DLQ, {fmt_int(last.poison_depth)} poison"
-            f" (alert above {limit})"
-        )
+        waiting = f"{fmt_int(last.dlq_depth)} in the DLQ, {fmt_int(last.poison_depth)} poison"
+        if stored:
+            waiting += f", {fmt_int(stored)} stored awaiting triage"
+        evidence.append(f"{waiting} (alert above {limit})")
     return flags, evidence

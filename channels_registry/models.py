@@ -470,6 +470,10 @@ class ChannelHealth(models.Model):
     lag_s = models.FloatField(null=True)
     dlq_depth = models.BigIntegerField(null=True)
     poison_depth = models.BigIntegerField(null=True)
+    # Stored dead letters not yet replayed or discarded (see ``health.Unresolved``), counted by
+    # every poll; NULL when the channel declares no DLQ or poison address.
+    dlq_unresolved = models.BigIntegerField(null=True)
+    poison_unresolved = models.BigIntegerField(null=True)
     drain_rate = models.FloatField(null=True)
     eta_s = models.FloatField(null=True)
     last_sample_at = models.DateTimeField(null=True, blank=True)

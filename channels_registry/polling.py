@@ -23,7 +23,7 @@ import logging
 import random
 import secrets
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from django.conf import settings
@@ -215,7 +215,9 @@ def do_poll_broker(broker_id: int, *, force: bool = False) -> PollOutcome:
         error = f"{type(exc).__name__}: {exc}"
     # 3. Store.
     try:
-        outcome = _store(broker, state, token, channels, addresses, result, topology, error)
+        outcome = _store(
+            broker, state, token, channels, addresses, result, topology, error, polled_at=now
+        )
     except BaseException:
         BrokerPollState.objects.filter(pk=broker.pk, lease_token=token).update(lease_until=None)
         raise
@@ -235,8 +237,12 @@ def _store(
     result: PollResult | None,
     topology: dict[Address, Topology] | None,
     error: str,
+    *,
+    polled_at: dt.datetime | None = None,
 ) -> PollOutcome:
     now = timezone.now()
+    # Entries ingested after the broker was read were still in its DLQ depth: not twice.
+    unresolved = _unresolved(channels, polled_at or now)
     now_s = now.timestamp()
     minute = now.replace(second=0, microsecond=0)
     existing = {h.pk: h for h in ChannelHealth.objects.filter(channel__in=channels)}
@@ -248,6 +254,10 @@ def _store(
     for channel in channels:
         row = existing.get(channel.pk) or ChannelHealth(channel=channel)
         before = _display_key(row)
+        stored = unresolved.get(channel.pk)
+        has_dead = bool(channel.dlq_address or channel.poison_address)
+        row.dlq_unresolved = (stored.dlq if stored else 0) if has_dead else None
+        row.poison_unresolved = (stored.poison if stored else 0) if has_dead else None
         if result is None:
             samples.append(ChannelSample(channel=channel, taken_at=now, stale=True, error=error))
             rollups.append(ChannelRollup(channel=channel, minute=minute, stale=True))
@@ -273,6 +283,7 @@ def _store(
                 previous=row.state,
                 now=now_s,
                 stale_after_s=stale_after_s(broker),
+                unresolved=stored,
             )
             row.window = [p.as_list() for p in window]
             for name, value in kept.items():
@@ -318,6 +329,25 @@ def _store(
         round_trips=result.round_trips if result is not None else None,
         changed=changed,
     )
+
+
+#: Counts stored, unresolved dead letters per channel (``{channel id: Unresolved}``) for the
+#: channels given, entries ingested up to the time given: the dlq app registers it at start-up
+#: (lower floors do not import upper ones). Without it, nothing is counted.
+UnresolvedCounter = Callable[[list[int], dt.datetime], dict[int, health.Unresolved]]
+_unresolved_counter: UnresolvedCounter | None = None
+
+
+def register_unresolved_counter(counter: UnresolvedCounter) -> None:
+    global _unresolved_counter
+    _unresolved_counter = counter
+
+
+def _unresolved(channels: list[Channel], before: dt.datetime) -> dict[int, health.Unresolved]:
+    ids = [c.pk for c in channels if c.dlq_address or c.poison_address]
+    if not ids or _unresolved_counter is None:
+        return {}
+    return _unresolved_counter(ids, before)
 
 
 def stale_after_s(broker: Broker) -> float:
@@ -389,6 +419,8 @@ def _display_key(row: ChannelHealth) -> tuple[Any, ...]:
         None if row.lag_s is None else round(row.lag_s),
         row.dlq_depth,
         row.poison_depth,
+        row.dlq_unresolved,
+        row.poison_unresolved,
         None if row.eta_s is None else round(row.eta_s / 10),
         tuple(tuple(p) for p in row.spark or ()),
     )

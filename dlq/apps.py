@@ -6,3 +6,9 @@ from django.apps import AppConfig
 class DlqConfig(AppConfig):
     name = "dlq"
     verbose_name = "Dead letters"
+
+    def ready(self) -> None:
+        from channels_registry.polling import register_unresolved_counter
+        from dlq.models import count_unresolved
+
+        register_unresolved_counter(count_unresolved)

@@ -8,12 +8,14 @@ else on the row is derived at ingest time, for filtering and display.
 from __future__ import annotations
 
 import datetime as dt
+from typing import Any
 
 from django.db import models
 from django.db.models.functions import Coalesce
 from django.urls import reverse
 from django.utils import timezone
 
+from channels_registry.health import Unresolved
 from channels_registry.models import Channel
 
 
@@ -212,3 +214,24 @@ def refresh_open_counts(entry_ids: list[int]) -> None:
     FailureGroup.objects.filter(pk__in=list(groups)).update(
         open_count=Coalesce(models.Subquery(open_entries), 0)
     )
+
+
+def count_unresolved(channel_ids: list[int], before: dt.datetime) -> dict[int, Unresolved]:
+    """Stored dead letters not yet resolved, per channel, ingested up to ``before``: what the
+    board and the channel page show beside the broker's own DLQ depth (registered with
+    ``channels_registry.polling`` by ``DlqConfig.ready``). One query on the partial index."""
+    rows = (
+        DeadLetter.objects.filter(UNRESOLVED_Q, channel_id__in=channel_ids, ingested_at__lte=before)
+        .values("channel_id", "source")
+        .annotate(n=models.Count("id"), oldest=models.Min("dead_lettered_at"))
+        .order_by()
+    )
+    counts: dict[int, dict[str, Any]] = {}
+    for row in rows:
+        mine = counts.setdefault(row["channel_id"], {"dlq": 0, "poison": 0, "oldest": []})
+        mine["poison" if row["source"] == Source.POISON else "dlq"] += row["n"]
+        mine["oldest"].append(row["oldest"].timestamp())
+    return {
+        pk: Unresolved(c["dlq"], c["poison"], min(c["oldest"]) if c["oldest"] else None)
+        for pk, c in counts.items()
+    }
