@@ -29,8 +29,12 @@ Dead letters. JetStream has no DLQ; when a consumer gives up on a message it pub
 stream ``DLO_ADVISORIES`` (file storage, bounded by age and count) capturing both advisory
 subjects for the whole account, so none is lost while the ingester is down. ``open_drain``
 binds a durable pull consumer on it filtered to one stream/consumer; each advisory becomes a
-``DeadLetter`` whose body and headers are read back from the original stream by sequence
-(``dedupe_key = "nats:<stream>:<stream_seq>"``).
+``DeadLetter`` whose body and headers are read back from the original stream by sequence.
+
+Identity (docs/identity.md): one death is one advisory. The key is
+``nats:<stream>:<stream_seq>:<consumer>:<advisory id>``: a redelivered advisory has the same id,
+a replay that dies again is a new stream sequence, and the same message given up by a second
+consumer (or a recreated one) is a second advisory.
 """
 
 from __future__ import annotations
@@ -184,6 +188,23 @@ def _parse_headers(raw: bytes) -> dict[str, Any]:
         else:
             headers[key] = value
     return headers
+
+
+def _death_key(stream: str, stream_seq: int, advisory: dict[str, Any], advisory_seq: int) -> str:
+    """The identity of one death on NATS (see docs/identity.md): the advisory's own id.
+
+    The server publishes one advisory per death and gives it a unique ``id``; a redelivery of
+    that advisory (a crash before our ack) carries the same id, while a new death of the same
+    message gets a new advisory: a replay is a new stream message (new ``stream_seq``), and the
+    same stored message given up by a second consumer, or by a consumer recreated under the
+    same name, is a second advisory. ``stream:stream_seq`` stays in the key for people reading
+    it; without an ``id`` (never seen from a server) the advisory's sequence stands in."""
+    death = str(advisory.get("id") or f"advisory-seq-{advisory_seq}")
+    consumer = str(advisory.get("consumer") or "")
+    key = f"nats:{stream}:{stream_seq}:{consumer}:{death}"
+    if len(key) > 200:
+        key = "nats:" + hashlib.sha256(key.encode()).hexdigest()
+    return key
 
 
 def _drain_consumer_name(address: Address) -> str:
@@ -883,7 +904,7 @@ class NatsDrainSession(_LoopSession, DrainSession):
                 ) from None
             headers = _parse_headers(raw_headers) if raw_headers else {}
         return DeadLetter(
-            dedupe_key=f"nats:{stream}:{stream_seq}",
+            dedupe_key=_death_key(stream, stream_seq, advisory, advisory_seq),
             body=body,
             headers=json_safe_headers(headers),
             properties={

@@ -12,6 +12,12 @@ Poll paths, cheapest first (chosen from ``management_url``):
 Dead letters are drained with ``basic.consume`` and manual acks; replays are published with
 publisher confirms and ``mandatory`` on an asyncio-driven pika connection so that a batch is
 pipelined (a window of outstanding confirms) instead of waiting one round trip per message.
+
+Identity (docs/identity.md). RabbitMQ gives a dead letter no id, and a redelivery after a crash
+before the ack is byte-identical, so one death is the dead letter as the broker stored it:
+vhost, queue, body, properties and headers (minus a quorum queue's ``x-delivery-count``). A
+second death differs in its ``x-death`` entries (time, count) and, after a replay, its
+``x-dlq-replay-id``; byte-identical copies delivered in one drain session are numbered.
 """
 
 from __future__ import annotations
@@ -375,6 +381,7 @@ class RabbitMQDrainSession(DrainSession):
         self._ready: collections.deque[DeadLetter] = collections.deque()
         self._cond = threading.Condition()  # guards _ready, _outstanding and _error
         self._outstanding: set[int] = set()  # delivered to us, not yet acked
+        self._copies: collections.Counter[str] = collections.Counter()  # identity -> copies
         self._error: BaseException | None = None
         self._stopping = False
         self._thread: threading.Thread | None = None
@@ -393,6 +400,13 @@ class RabbitMQDrainSession(DrainSession):
         self, _ch: BlockingChannel, method: Basic.Deliver, props: BasicProperties, body: bytes
     ) -> None:
         letter = _dead_letter(self.adapter.vhost, self.address.name, method, props, body)
+        # Byte-identical dead letters delivered in one session are distinct deaths: a broker
+        # never hands one unacked message to the same channel twice. The n-th copy (n > 1)
+        # gets "#n", so a crash before the ack redelivers the same copies with the same keys.
+        self._copies[letter.dedupe_key] += 1
+        copies = self._copies[letter.dedupe_key]
+        if copies > 1:
+            letter.dedupe_key = f"{letter.dedupe_key}#{copies}"
         with self._cond:
             self._ready.append(letter)
             self._outstanding.add(int(method.delivery_tag or 0))
@@ -888,26 +902,40 @@ def _properties(props: BasicProperties) -> dict[str, Any]:
     return json_safe_headers(out)
 
 
+#: Headers a broker may change when it redelivers the *same* dead letter, so they are not part
+#: of its identity: quorum queues count deliveries in ``x-delivery-count``.
+_REDELIVERY_HEADERS = frozenset({"x-delivery-count"})
+
+
 def _dedupe_key(
     vhost: str, queue: str, body: bytes, props: BasicProperties, headers: dict[str, Any]
 ) -> str:
+    """The identity of one death on RabbitMQ (see docs/identity.md).
+
+    RabbitMQ gives a dead letter no id of its own, and a redelivery after a crash before the
+    ack carries the very same bytes, properties and headers (only the ``redelivered`` flag of
+    the delivery and a quorum queue's ``x-delivery-count`` change). So the key is the content
+    of the dead letter as the broker stored it: vhost, queue, body, every property and every
+    header except ``x-delivery-count``. What differs between two deaths of one message is in
+    there: a replay's ``x-dlq-replay-id``; the ``x-death`` entries the dead-lettering writes
+    (queue, reason, count and the time of that death); a producer's new ``timestamp``/
+    ``message_id``. Two deaths identical in all of that (a producer resending the same bytes
+    that die in the same second) are told apart by the drain session's occurrence suffix.
+    """
     canonical = json.dumps(
         [
             vhost,
             queue,
             hashlib.sha256(body).hexdigest(),
-            json_safe_headers({"m": props.message_id, "t": props.timestamp}),
+            _properties(props),
             json_safe_headers(
-                {
-                    "q": headers.get("x-first-death-queue"),
-                    "e": headers.get("x-first-death-exchange"),
-                    "r": headers.get("x-first-death-reason"),
-                }
+                {k: v for k, v in headers.items() if k.lower() not in _REDELIVERY_HEADERS}
             ),
         ],
         sort_keys=True,
         separators=(",", ":"),
         ensure_ascii=True,
+        default=repr,
     )
     return "rmq:" + hashlib.sha256(canonical.encode("ascii")).hexdigest()
 

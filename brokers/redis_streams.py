@@ -24,6 +24,10 @@ The dashboard drains a DLQ stream through its own consumer group ``dlo-ingest`` 
 restarted ingester first re-reads the entries it had read but not acknowledged. ``ack`` is
 ``XACK`` only: the entry stays in the stream, whose own ``MAXLEN``/``MINID`` trimming bounds it
 (the application owns that retention; the dashboard never deletes from a stream).
+
+Identity (docs/identity.md): one death is one DLQ stream entry. Each dead-lettering is an
+``XADD`` with a fresh id, so a replayed message that fails again is a new entry; a redelivery
+from the dashboard's group re-reads the same id (``dedupe_key = "redis:<stream>:<group>:<id>"``).
 """
 
 from __future__ import annotations

@@ -281,20 +281,24 @@ def test_drain_reads_advisories_with_original_bytes_and_stable_keys(
     with adapter.drain(address) as session:
         after_ack = session.fetch(max_batch=10, wait_s=0.5)
 
-    by_key = {letter.dedupe_key: letter for letter in first}
-    assert sorted(by_key) == sorted(f"nats:{stream}:{seq}" for seq in (1, 2, 3))
-    assert sorted(letter.dedupe_key for letter in again) == sorted(by_key)
+    by_seq = {letter.properties["stream_seq"]: letter for letter in first}
+    assert sorted(by_seq) == [1, 2, 3]
+    # One death = one advisory: the key names the stored message and the advisory's id.
+    for seq, letter in by_seq.items():
+        assert letter.dedupe_key.startswith(f"nats:{stream}:{seq}:app:")
+        assert letter.dedupe_key.endswith(str(letter.properties["advisory_id"]))
+    assert sorted(letter.dedupe_key for letter in again) == sorted(x.dedupe_key for x in first)
     assert after_ack == []
     for seq, body in enumerate(HOSTILE, start=1):
-        letter = by_key[f"nats:{stream}:{seq}"]
+        letter = by_seq[seq]
         assert letter.body == body
         assert letter.headers["idem"] == f"key-{seq - 1}"
         assert letter.dead_lettered_at is not None
-    assert by_key[f"nats:{stream}:1"].reason == "max_deliveries"
-    assert by_key[f"nats:{stream}:1"].redelivery_count == 2
-    assert by_key[f"nats:{stream}:3"].reason is not None
-    assert by_key[f"nats:{stream}:3"].reason.startswith("terminated")
-    assert by_key[f"nats:{stream}:3"].redelivery_count == 1
+    assert by_seq[1].reason == "max_deliveries"
+    assert by_seq[1].redelivery_count == 2
+    assert by_seq[3].reason is not None
+    assert by_seq[3].reason.startswith("terminated")
+    assert by_seq[3].redelivery_count == 1
 
 
 def test_drain_reports_originals_gone_from_retention(
