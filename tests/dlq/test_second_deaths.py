@@ -29,7 +29,12 @@ from dlq.models import DeadLetter, PlanStatus
 from tests.conftest import broker_required, make_broker, make_channel
 from tests.dlq.replay_helpers import plan_for
 
-pytestmark = [pytest.mark.broker, pytest.mark.django_db, pytest.mark.timeout(180)]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.broker,
+    pytest.mark.django_db,
+    pytest.mark.timeout(180),
+]
 
 AMQP_URL = os.environ.get("DLO_TEST_RABBITMQ_URL", "amqp://guest:guest@127.0.0.1:5672/%2F")
 REDIS_URL = os.environ.get("DLO_TEST_LAYER_REDIS_URL", "redis://127.0.0.1:6379/0")
