@@ -1,19 +1,42 @@
-"""Sign-in with failed-attempt rate limiting per IP and per (IP, username)."""
+"""Sign-in with failed-attempt rate limiting per IP and per (IP, username).
+
+Usernames are normalised (NFKC, trimmed, case-folded for the throttle) before both the
+password check and the throttle key, so ``'user '`` or a fullwidth ``ｕｓｅｒ`` is the same
+account and the same counter, not a fresh five attempts.
+"""
 
 from __future__ import annotations
 
+import unicodedata
 from typing import Any
 
 from django import forms
 from django.conf import settings
+from django.contrib.auth import get_user_model
 from django.contrib.auth.forms import AuthenticationForm
 from django.core.cache import cache
 
 from audit.actions import Actor, do_record_denial
 
 
+def normalise_username(raw: str) -> str:
+    """What the user meant: compatibility forms folded (NFKC) and surrounding space trimmed."""
+    return unicodedata.normalize("NFKC", raw).strip()[:150]
+
+
+def _canonical_username(name: str) -> str:
+    """The stored spelling of ``name``: an exact match, else the one case-insensitive match
+    (two accounts differing only in case keep needing their exact spelling)."""
+    users = get_user_model()._default_manager
+    field = get_user_model().USERNAME_FIELD
+    if users.filter(**{field: name}).exists():
+        return name
+    matches = list(users.filter(**{f"{field}__iexact": name}).values_list(field, flat=True)[:2])
+    return str(matches[0]) if len(matches) == 1 else name
+
+
 def _keys(ip: str, username: str) -> list[str]:
-    return [f"dlo:login-fail:ip:{ip}", f"dlo:login-fail:user:{ip}:{username.lower()}"]
+    return [f"dlo:login-fail:ip:{ip}", f"dlo:login-fail:user:{ip}:{username.casefold()}"]
 
 
 class RateLimitedAuthenticationForm(AuthenticationForm):
@@ -26,7 +49,7 @@ class RateLimitedAuthenticationForm(AuthenticationForm):
 
     def clean(self) -> dict[str, Any]:
         ip = (self.request.META.get("REMOTE_ADDR") if self.request else None) or "unknown"
-        username = str(self.data.get("username", ""))[:150]
+        username = normalise_username(str(self.data.get("username", "")))
         keys = _keys(ip, username)
         counts = cache.get_many(keys)
         ip_limit = settings.LOGIN_RATE_LIMIT * 4
@@ -46,6 +69,8 @@ class RateLimitedAuthenticationForm(AuthenticationForm):
                 code="throttled",
                 params={"minutes": max(1, settings.LOGIN_RATE_WINDOW_S // 60)},
             )
+        if self.cleaned_data.get("username"):  # set only when it passed the field's validators
+            self.cleaned_data["username"] = _canonical_username(self.cleaned_data["username"])
         try:
             return super().clean()
         except forms.ValidationError:

@@ -54,6 +54,9 @@ def env_list(name: str, default: str) -> list[str]:
 
 PRODUCTION = env_str("DLO_ENV", "development") == "production"
 DEBUG = env_bool("DEBUG", not PRODUCTION)
+if PRODUCTION and DEBUG:
+    # DEBUG pages show settings, SQL and tracebacks to anyone who triggers an error.
+    raise ImproperlyConfigured("DEBUG must be off in production (DLO_ENV=production): unset DEBUG.")
 
 if PRODUCTION:
     SECRET_KEY = env_str("SECRET_KEY")

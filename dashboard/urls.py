@@ -9,7 +9,7 @@ from dashboard import board, views
 
 admin.site.site_header = "Dead Letter Office — registry"
 admin.site.site_title = "Dead Letter Office"
-admin.site.login = views.login_view  # type: ignore[method-assign,assignment]
+admin.site.login = views.admin_login  # type: ignore[method-assign,assignment]
 
 urlpatterns = [
     path("", board.board, name="home"),

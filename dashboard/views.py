@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.contrib.auth.decorators import login_not_required
 from django.db import connection
 from django.http import HttpRequest, HttpResponsePermanentRedirect, JsonResponse
+from django.http.response import HttpResponseBase
+from django.template.response import TemplateResponse
 from django.templatetags.static import static
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
@@ -17,6 +20,25 @@ login_view = login_not_required(
         authentication_form=RateLimitedAuthenticationForm, redirect_authenticated_user=True
     )
 )
+
+
+@never_cache
+@login_not_required
+def admin_login(request: HttpRequest) -> HttpResponseBase:
+    """The registry admin's sign-in. A signed-in account the admin refuses (no staff status)
+    gets a page saying so: redirecting it to the sign-in, which redirects signed-in users
+    back to the admin, would loop forever."""
+    if request.user.is_authenticated and not admin.site.has_permission(request):
+        return TemplateResponse(
+            request,
+            "403.html",
+            {
+                "exception": "The registry admin is for registry admins: your account needs "
+                "the registry_admin role and staff status. Ask a registry admin to grant both."
+            },
+            status=403,
+        )
+    return login_view(request)
 
 
 @require_GET

@@ -60,6 +60,50 @@ def test_outsider_without_a_role_is_refused(outsider: User) -> None:
     assert client_for(outsider).get("/channels/").status_code == 403
 
 
+@pytest.mark.parametrize("spelling", ["vera ", " vera", "ｖｅｒａ", "VERA", "Vera\u3000"])
+def test_throttle_counts_every_spelling_of_one_username(viewer: User, spelling: str) -> None:
+    client = Client()
+    for _ in range(5):
+        client.post("/login/", {"username": "vera", "password": "wrong"})
+    response = client.post("/login/", {"username": spelling, "password": PASSWORD})
+    assert "Too many failed sign-in attempts" in response.content.decode()
+    assert "_auth_user_id" not in client.session
+
+
+@pytest.mark.parametrize("spelling", ["vera ", "ｖｅｒａ", "VERA"])
+def test_spellings_sign_in_as_the_one_account(viewer: User, spelling: str) -> None:
+    client = Client()
+    assert client.post("/login/", {"username": spelling, "password": PASSWORD}).status_code == 302
+    assert client.session["_auth_user_id"] == str(viewer.pk)
+    # Failures under another spelling count against the same account.
+    for _ in range(5):
+        Client().post("/login/", {"username": spelling, "password": "wrong"})
+    response = Client().post("/login/", {"username": "vera", "password": PASSWORD})
+    assert "Too many failed sign-in attempts" in response.content.decode()
+
+
+def test_user_without_a_role_is_told_which_role_to_ask_for(outsider: User) -> None:
+    response = client_for(outsider).get("/", follow=True)
+    assert response.status_code == 403
+    html = response.content.decode()
+    assert "has no role yet" in html and "<strong>viewer</strong> role" in html
+    assert "olga" in html
+
+
+def test_non_staff_user_opening_the_admin_gets_a_page_not_a_redirect_loop(viewer: User) -> None:
+    client = client_for(viewer)
+    response = client.get("/admin/", follow=True)
+    assert response.status_code == 403
+    assert len(response.redirect_chain) <= 2
+    assert "registry_admin role and staff status" in response.content.decode()
+
+
+def test_staff_user_reaches_the_admin_and_its_login_page_redirects(registry_admin: User) -> None:
+    client = client_for(registry_admin)
+    assert client.get("/admin/").status_code == 200
+    assert client.get("/admin/login/?next=/admin/").status_code == 302
+
+
 def test_channel_list_empty_state_explains_how_to_declare(viewer: User) -> None:
     page = client_for(viewer).get("/channels/").content.decode()
     assert "No channels declared yet" in page
