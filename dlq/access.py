@@ -37,6 +37,25 @@ def can_reveal(user: Any) -> bool:
     return bool(user.has_perm(REVEAL_PERMISSION))
 
 
+def require_reveal(request: HttpRequest, entry: DeadLetter, action: str) -> None:
+    """Raise PermissionDenied unless the user may see ``entry``'s redacted payload (``action``
+    is ``reveal`` or ``download``); the refusal is audited before the 403, as for replay."""
+    from audit.actions import Actor, do_record_denial
+
+    if can_reveal(request.user):
+        return
+    do_record_denial(
+        f"dlq.{action}",
+        actor=Actor.from_request(request),
+        target_type="dlq.deadletter",
+        target_repr=str(entry),
+        details={"permission": REVEAL_PERMISSION, "method": request.method, "entry": entry.pk},
+    )
+    raise PermissionDenied(
+        f"This channel redacts payloads: you need the compliance role to {action} them."
+    )
+
+
 # -- replay / discard plans ------------------------------------------------------------------
 
 PLAN_VIEW_PERMISSION = "dlq.view_replayplan"

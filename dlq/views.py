@@ -7,7 +7,7 @@ from typing import Any
 
 from django.contrib import messages
 from django.db.models import Count, Q
-from django.http import Http404, HttpResponse, HttpResponseForbidden
+from django.http import Http404, HttpResponse
 from django.shortcuts import render
 from django.utils import timezone
 from django.views.decorators.http import require_GET, require_POST
@@ -18,7 +18,13 @@ from channels_registry.access import channels_for_user
 from dashboard.http import HtmxHttpRequest
 from dlq import redaction
 from dlq import render as body_render
-from dlq.access import can_reveal, entries_for_user, get_entry_for_user, groups_for_user
+from dlq.access import (
+    can_reveal,
+    entries_for_user,
+    get_entry_for_user,
+    groups_for_user,
+    require_reveal,
+)
 from dlq.actions import do_record_download, do_reveal_entry
 from dlq.filters import PAGE_SIZE, EntryFilter, approximate_total, keyset_page, parse_id
 from dlq.models import DeadLetter, Source, Status
@@ -166,8 +172,7 @@ def entry_reveal(request: HtmxHttpRequest, pk: int) -> HttpResponse:
     """Show the redacted fields, audited. Rendered in the POST response on purpose: a reveal
     is for this one look, never remembered in the session or a redirect URL."""
     entry = get_entry_for_user(request, pk)
-    if not can_reveal(request.user):
-        return HttpResponseForbidden("You need the reveal permission.")
+    require_reveal(request, entry, "reveal")
     reason = request.POST.get("reason", "").strip()
     if not reason:
         messages.error(request, "Give a reason to reveal redacted fields.")
@@ -185,8 +190,7 @@ def entry_download(request: HtmxHttpRequest, pk: int) -> HttpResponse:
     if entry.body is None:
         raise Http404("The payload was purged by the retention policy.")
     if redaction.has_rules(entry.channel):
-        if not can_reveal(request.user):
-            return HttpResponseForbidden("This channel redacts payloads; you cannot download it.")
+        require_reveal(request, entry, "download")
         do_record_download(entry, Actor.from_request(request))
     response = HttpResponse(bytes(entry.body), content_type="application/octet-stream")
     response["Content-Disposition"] = f'attachment; filename="dead-letter-{entry.pk}.bin"'

@@ -163,7 +163,7 @@ def test_redacted_for_viewers_and_revealed_with_an_audited_reason(
     html = response.content.decode()
     assert response.status_code == 200
     assert "4111111111111111" in html and "sekrit" in html
-    event = AuditEvent.objects.get(action="dlq.reveal")
+    event = AuditEvent.objects.get(action="dlq.reveal", outcome="success")
     assert event.target_type == "dlq.deadletter" and event.target_id == str(entry.pk)
     assert event.reason == "INC-42 customer dispute" and event.actor_username == "cora"
     # The reveal shows up in the entry's audit history, and later views are masked again.
@@ -171,7 +171,26 @@ def test_redacted_for_viewers_and_revealed_with_an_audited_reason(
     assert "dlq.reveal" in html and "4111111111111111" not in html
     download = client.get(url + "raw/")
     assert download.status_code == 200
-    assert AuditEvent.objects.filter(action="dlq.download").count() == 1
+    assert AuditEvent.objects.filter(action="dlq.download", outcome="success").count() == 1
+
+
+def test_refused_reveal_and_download_are_audited_as_denied(viewer: User) -> None:
+    channel = make_channel(redact_json_paths=["$.card.number"])
+    [entry] = store(channel, letter(b'{"card": {"number": "4111111111111111"}}'))
+    client = client_for(viewer)
+    response = client.post(f"/dead-letters/{entry.pk}/reveal/", {"reason": "curious"})
+    assert response.status_code == 403
+    assert "compliance role" in response.content.decode()
+    assert client.get(f"/dead-letters/{entry.pk}/raw/").status_code == 403
+    denied = AuditEvent.objects.filter(outcome="denied").order_by("seq")
+    assert [(e.action, e.actor_username, e.target_repr) for e in denied] == [
+        ("dlq.reveal", "vera", f"dead letter #{entry.pk}"),
+        ("dlq.download", "vera", f"dead letter #{entry.pk}"),
+    ]
+    revealed = AuditEvent.objects.filter(
+        action__in=["dlq.reveal", "dlq.download"], outcome="success"
+    )
+    assert not revealed.exists()
 
 
 def test_non_json_body_is_hidden_when_body_rules_cannot_apply(viewer: User) -> None:
