@@ -26,6 +26,7 @@ from tests.conftest import broker_required, client_for, make_broker, make_channe
 
 REDIS_URL = "redis://127.0.0.1:6379/0"
 ORIGIN = (b"origin", b"http://testserver")
+HOST = (b"host", b"testserver")
 
 
 def _cookie(user: User) -> tuple[bytes, bytes]:
@@ -49,7 +50,7 @@ def _roles(transactional_db: Any) -> None:
 @pytest.mark.django_db(transaction=True)
 def test_anonymous_socket_is_refused() -> None:
     async def scenario() -> None:
-        communicator = WebsocketCommunicator(application, "/ws/board/", headers=[ORIGIN])
+        communicator = WebsocketCommunicator(application, "/ws/board/", headers=[ORIGIN, HOST])
         connected, code = await communicator.connect()
         assert (connected, code) == (False, 4401)
 
@@ -62,7 +63,9 @@ def test_user_without_viewer_role_is_refused() -> None:
     cookie = _cookie(outsider)
 
     async def scenario() -> None:
-        communicator = WebsocketCommunicator(application, "/ws/board/", headers=[ORIGIN, cookie])
+        communicator = WebsocketCommunicator(
+            application, "/ws/board/", headers=[ORIGIN, HOST, cookie]
+        )
         connected, code = await communicator.connect()
         assert (connected, code) == (False, 4403)
 
@@ -79,6 +82,40 @@ def test_wrong_origin_is_refused_even_with_a_session() -> None:
         )
         connected, _ = await communicator.connect()
         assert connected is False
+
+    run(scenario)
+
+
+@pytest.mark.parametrize(
+    ("origin", "host", "scheme", "accepted"),
+    [
+        (b"http://testserver:8000", b"testserver:8000", "ws", True),
+        (b"http://TestServer:8000", b"testserver:8000", "ws", True),
+        (b"https://testserver", b"testserver", "wss", True),
+        # Another port, or another scheme, of the same allowed host is another site.
+        (b"http://testserver:8001", b"testserver:8000", "ws", False),
+        (b"http://testserver", b"testserver:8000", "ws", False),
+        (b"http://testserver:8000", b"testserver:8000", "wss", False),
+        (b"https://testserver:443", b"testserver", "ws", False),
+        # A Host outside ALLOWED_HOSTS never vouches for its own origin.
+        (b"http://evil.example", b"evil.example", "ws", False),
+        (b"null", b"testserver", "ws", False),
+    ],
+)
+@pytest.mark.django_db(transaction=True)
+def test_origin_must_be_this_sites_exact_scheme_host_and_port(
+    origin: bytes, host: bytes, scheme: str, accepted: bool
+) -> None:
+    cookie = _cookie(make_user("vera", "viewer"))
+
+    async def scenario() -> None:
+        communicator = WebsocketCommunicator(
+            application, "/ws/board/", headers=[(b"origin", origin), (b"host", host), cookie]
+        )
+        communicator.scope["scheme"] = scheme
+        connected, _ = await communicator.connect()
+        assert connected is accepted
+        await communicator.disconnect()
 
     run(scenario)
 
@@ -112,7 +149,7 @@ def test_viewer_receives_the_row_partial_after_a_poll(monkeypatch: pytest.Monkey
 
     async def scenario() -> None:
         communicator = WebsocketCommunicator(
-            application, "/ws/board/?team=payments", headers=[ORIGIN, cookie]
+            application, "/ws/board/?team=payments", headers=[ORIGIN, HOST, cookie]
         )
         connected, _ = await communicator.connect()
         assert connected
@@ -143,7 +180,9 @@ def test_updates_are_coalesced_to_the_latest_row_html() -> None:
         }
 
     async def scenario() -> None:
-        communicator = WebsocketCommunicator(application, "/ws/board/", headers=[ORIGIN, cookie])
+        communicator = WebsocketCommunicator(
+            application, "/ws/board/", headers=[ORIGIN, HOST, cookie]
+        )
         connected, _ = await communicator.connect()
         assert connected
         await layer.group_send(BOARD_GROUP, rows("v1"))
