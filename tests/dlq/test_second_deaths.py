@@ -24,7 +24,7 @@ from brokers.nats_jetstream import NatsDrainSession
 from brokers.rabbitmq import RabbitMQDrainSession
 from brokers.redis_streams import RedisDrainSession
 from channels_registry.models import BrokerKind, Channel
-from dlq import ingest, replay
+from dlq import ingest, relay
 from dlq.models import DeadLetter, PlanStatus
 from tests.conftest import broker_required, make_broker, make_channel
 from tests.dlq.replay_helpers import plan_for
@@ -246,7 +246,7 @@ RIGS: dict[str, tuple[type[Rig], type[Any]]] = {
 
 @pytest.fixture(params=sorted(RIGS))
 def rig(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[Rig]:
-    monkeypatch.setattr(replay, "backoff", lambda attempt: 0.0)
+    monkeypatch.setattr(relay, "backoff", lambda attempt: 0.0)
     made = RIGS[request.param][0](monkeypatch)
     made.kind = request.param  # type: ignore[attr-defined]
     try:
@@ -276,7 +276,7 @@ def test_a_replayed_message_that_dies_again_is_a_new_child_entry(
     parents = list(DeadLetter.objects.order_by("id"))
 
     plan = plan_for(parents, oncall)
-    assert replay.run_plan(plan.pk).status == PlanStatus.DONE
+    assert relay.run_plan(plan.pk).status == PlanStatus.DONE
     rig.reject_all(COUNT)  # the consumer is still broken: every replay dies again
 
     # The second deaths are committed, then the ack fails (a crash before the ack).
@@ -291,7 +291,7 @@ def test_a_replayed_message_that_dies_again_is_a_new_child_entry(
     assert children.count() == COUNT, "every second death is a new entry"
     assert {c.parent_id for c in children} == {p.pk for p in parents}
     assert {c.generation for c in children} == {1}
-    assert replay.canary_recurrences(plan) == COUNT
+    assert relay.canary_recurrences(plan) == COUNT
 
     # The broker redelivers the unacknowledged second deaths: the same deaths, deduplicated.
     again = _ingest_until(rig.channel, COUNT)
