@@ -120,7 +120,12 @@ TEMPLATES = [
         "APP_DIRS": True,
         "OPTIONS": {
             # {% partialdef %} everywhere: pages and their htmx/websocket partials are one file.
-            "builtins": ["template_partials.templatetags.partials"],
+            "builtins": [
+                "template_partials.templatetags.partials",
+                # ``|visible``: user- and broker-supplied text with direction overrides and
+                # control characters shown as markers, on every page.
+                "dlq.templatetags.dlq_text",
+            ],
             "context_processors": [
                 "django.template.context_processors.request",
                 "django.contrib.auth.context_processors.auth",
