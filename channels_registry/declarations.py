@@ -81,10 +81,101 @@ def _key_lines(node: yaml.MappingNode) -> dict[str, int]:
     return {str(key.value): _line(key) for key, _ in node.value}
 
 
+# Bounds checked before anything is built from the file (issue #12: a 1 KB alias bomb took
+# 2.8 GB; 5,000 nested brackets overflowed the parser's recursion). A real declaration file
+# is a few levels deep, uses no aliases, and has a few dozen nodes per channel.
+MAX_FILE_BYTES = 2 * 1024 * 1024
+MAX_DEPTH = 32
+MAX_ALIASES = 100
+MAX_NODES = 500_000
+
+
+class _TooBig(yaml.YAMLError):
+    def __init__(self, line: int, message: str) -> None:
+        super().__init__(message)
+        self.line = line
+        self.message = message
+
+
+class _BoundedLoader(yaml.SafeLoader):
+    """The safe loader, refusing documents nested deeper than ``MAX_DEPTH`` or with more
+    than ``MAX_ALIASES`` aliases while it composes them (the composer recurses per level)."""
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._depth = 0
+        self._aliases = 0
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        line = self.peek_event().start_mark.line + 1
+        if self.check_event(yaml.AliasEvent):
+            self._aliases += 1
+            if self._aliases > MAX_ALIASES:
+                raise _TooBig(line, f"more than {MAX_ALIASES} YAML aliases; write values out")
+            return super().compose_node(parent, index)
+        self._depth += 1
+        try:
+            if self._depth > MAX_DEPTH:
+                raise _TooBig(line, f"nested more than {MAX_DEPTH} levels deep")
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+
+def _expanded_size(root: yaml.Node) -> int:
+    """How many nodes the document has once every alias is expanded, without expanding it:
+    each node's size is computed once (aliases share nodes). Stops past ``MAX_NODES``; a
+    node that contains itself (``&a [*a]``) counts as unbounded."""
+    sizes: dict[int, int] = {}
+    in_progress: set[int] = set()
+
+    def size(node: yaml.Node) -> int:
+        key = id(node)
+        if key in sizes:
+            return sizes[key]
+        if key in in_progress:
+            return MAX_NODES + 1
+        in_progress.add(key)
+        total = 1
+        if isinstance(node, yaml.SequenceNode):
+            children: list[yaml.Node] = list(node.value)
+        elif isinstance(node, yaml.MappingNode):
+            children = [part for pair in node.value for part in pair]
+        else:
+            children = []
+        for child in children:
+            total += size(child)
+            if total > MAX_NODES:
+                break
+        in_progress.discard(key)
+        sizes[key] = total
+        return total
+
+    return size(root)
+
+
 def _parse(text: str) -> tuple[dict[str, Any], yaml.MappingNode]:
+    """The document and its node tree, within the bounds above.
+
+    1. Refuse a file over ``MAX_FILE_BYTES``.
+    2. Compose the node tree with the bounded loader (depth, alias count).
+    3. Refuse a tree that would expand past ``MAX_NODES`` or contains itself.
+    4. Only then construct Python values, from that same tree.
+    """
+    if len(text.encode("utf-8", "surrogatepass")) > MAX_FILE_BYTES:
+        raise DeclarationFileError(
+            [ImportProblem(1, f"the file is larger than {MAX_FILE_BYTES // (1024 * 1024)} MiB")]
+        )
+    loader = _BoundedLoader(text)
     try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
-        data = yaml.safe_load(text)
+        root = loader.get_single_node()
+        if root is not None and _expanded_size(root) > MAX_NODES:
+            raise _TooBig(
+                1, f"the aliases expand to more than {MAX_NODES:,} values; write values out"
+            )
+        data = loader.construct_document(root) if root is not None else None
+    except _TooBig as exc:
+        raise DeclarationFileError([ImportProblem(exc.line, exc.message)]) from None
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line = mark.line + 1 if mark else 1
@@ -93,6 +184,8 @@ def _parse(text: str) -> tuple[dict[str, Any], yaml.MappingNode]:
         ) from None
     except yaml.YAMLError as exc:
         raise DeclarationFileError([ImportProblem(1, f"not valid YAML: {exc}")]) from None
+    finally:
+        loader.dispose()
     if not isinstance(root, yaml.MappingNode) or not isinstance(data, dict):
         raise DeclarationFileError(
             [ImportProblem(1, "the file must be a mapping with 'brokers' and 'channels' lists")]

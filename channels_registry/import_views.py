@@ -9,10 +9,13 @@ from django.shortcuts import render
 from django.views.decorators.http import require_http_methods
 
 from audit.actions import Actor
-from channels_registry.declarations import DeclarationFileError, export_registry, import_registry
+from channels_registry.declarations import (
+    MAX_FILE_BYTES,
+    DeclarationFileError,
+    export_registry,
+    import_registry,
+)
 from dashboard.http import HtmxHttpRequest
-
-MAX_FILE_BYTES = 2 * 1024 * 1024
 
 
 class ImportForm(forms.Form):

@@ -206,3 +206,57 @@ def test_import_page_needs_registry_admin(viewer: User) -> None:
     client = client_for(viewer)
     assert client.get("/channels/import/").status_code == 403
     assert client.post("/channels/import/", {"text": GOOD_FILE}).status_code == 403
+
+
+def _alias_bomb(levels: int = 9) -> str:
+    lines = ['a0: &a0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+    for i in range(1, levels):
+        lines.append(f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 9) + "]")
+    return "\n".join(lines) + "\n"
+
+
+def test_alias_bomb_is_refused_by_the_cli_within_bounded_memory(tmp_path: Path) -> None:
+    """The 1 KB bomb of issue #12 expands to 9**9 values. The command runs in a child whose
+    address space is capped at 1 GiB: the old parser ran out of it, this one refuses first."""
+    import resource
+    import subprocess
+    import sys
+
+    bomb = write(tmp_path, _alias_bomb())
+    assert len(Path(bomb).read_bytes()) < 1024
+
+    def cap() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (2**30, 2**30))
+
+    result = subprocess.run(
+        [sys.executable, "manage.py", "registry", "import", "--check", bomb],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        preexec_fn=cap,
+        check=False,
+    )
+    assert result.returncode == 1
+    assert "channels.yaml:1: the aliases expand to more than 500,000 values" in result.stderr
+    assert "MemoryError" not in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("x: " + "[" * 5000 + "]" * 5000 + "\n", "line 1: nested more than 32 levels deep"),
+        ("a: &a [1]\nb: [" + ", ".join(["*a"] * 101) + "]\n", "more than 100 YAML aliases"),
+        ("a: &a [*a]\n", "the aliases expand to more than 500,000 values"),
+        (_alias_bomb(), "the aliases expand to more than 500,000 values"),
+        ("# pad\n" * 400_000, "the file is larger than 2 MiB"),
+    ],
+)
+def test_import_page_answers_bombs_with_a_clear_error(
+    registry_admin: User, text: str, message: str
+) -> None:
+    response = client_for(registry_admin).post(
+        "/channels/import/", {"text": text, "action": "check"}
+    )
+    assert response.status_code == 200
+    assert message in response.content.decode().replace("<strong>", "").replace("</strong>", "")
+    assert not Channel.objects.exists()

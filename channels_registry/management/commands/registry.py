@@ -10,7 +10,12 @@ from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from audit.actions import Actor
-from channels_registry.declarations import DeclarationFileError, export_registry, import_registry
+from channels_registry.declarations import (
+    MAX_FILE_BYTES,
+    DeclarationFileError,
+    export_registry,
+    import_registry,
+)
 
 
 class Command(BaseCommand):
@@ -38,7 +43,14 @@ class Command(BaseCommand):
             return
         name = options["file"]
         try:
-            text = sys.stdin.read() if name == "-" else Path(name).read_text(encoding="utf-8")
+            if name == "-":
+                raw = sys.stdin.buffer.read(MAX_FILE_BYTES + 1)
+            else:
+                with Path(name).open("rb") as handle:
+                    raw = handle.read(MAX_FILE_BYTES + 1)
+            if len(raw) > MAX_FILE_BYTES:
+                raise CommandError(f"{name} is larger than {MAX_FILE_BYTES // 2**20} MiB.")
+            text = raw.decode("utf-8")
         except (OSError, UnicodeDecodeError) as exc:
             raise CommandError(f"cannot read {name}: {exc}") from None
         actor = Actor.system("registry-import")
