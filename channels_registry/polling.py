@@ -13,10 +13,16 @@ database transaction (nor SQLite's write lock) is held while waiting on the netw
    the lease; after commit, push the rows that changed to the board's websocket group.
 
 A broker that fails marks every channel STALE (never OK) and writes stale samples (all NULL).
+
+``poll_brokers`` runs step 2 for many brokers at once on a bounded pool of threads (steps 1
+and 3 stay on the caller's thread, which is the only one touching the database), so one hung
+broker never delays another broker's sample. The scheduler task, ``poll --once`` and the
+long-running ``poll`` all go through it.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import datetime as dt
 import logging
@@ -173,26 +179,42 @@ def _inspect_due(state: BrokerPollState, now: dt.datetime) -> bool:
     )
 
 
-def do_poll_broker(broker_id: int, *, force: bool = False) -> PollOutcome:
-    """Poll one broker (see the module docstring). ``force`` ignores an open circuit (used by
-    ``manage.py poll --once``); it never ignores another poll's lease."""
+@dataclasses.dataclass
+class _Poll:
+    """One broker's poll in progress: claimed (step 1), called (step 2), then stored (step 3)."""
+
+    broker: Broker
+    state: BrokerPollState
+    token: str
+    channels: list[Channel]
+    addresses: dict[int, ChannelAddresses]
+    now: dt.datetime
+    started: float
+    result: PollResult | None = None
+    topology: dict[Address, Topology] | None = None
+    error: str = ""
+    errors: list[str] = dataclasses.field(default_factory=list)
+
+
+def _begin(broker_id: int, *, force: bool) -> _Poll | PollOutcome:
+    """Step 1 (database): claim the lease and read the channels; an outcome if skipped."""
     broker = Broker.objects.get(pk=broker_id)
     if not broker.enabled:
         return PollOutcome(broker.name, "disabled")
     started = time.monotonic()
     now = timezone.now()
-    # 1. Claim.
     token, skipped = _claim(broker, now, force=force)
     if token is None:
         return PollOutcome(broker.name, skipped)
     state = BrokerPollState.objects.get(pk=broker.pk)
     channels = list(broker.channels.filter(enabled=True).order_by("pk"))
     addresses = {c.pk: channel_addresses(c, broker.kind) for c in channels}
-    # 2. The broker call, outside any transaction.
-    result: PollResult | None = None
-    topology: dict[Address, Topology] | None = None
-    error = ""
-    errors: list[str] = []
+    return _Poll(broker, state, token, channels, addresses, now, started)
+
+
+def _call_broker(poll: _Poll) -> _Poll:
+    """Step 2 (network only, no database: safe on a worker thread): poll, maybe inspect."""
+    broker = poll.broker
     try:
         adapter = get_adapter(
             broker.kind,
@@ -200,31 +222,97 @@ def do_poll_broker(broker_id: int, *, force: bool = False) -> PollOutcome:
             management_url=broker.management_url or None,
             timeout=float(settings.DLO_BROKER_TIMEOUT_S),
         )
-        wanted = sorted({a for ca in addresses.values() for a in ca.all()})
-        result = adapter.poll(wanted) if wanted else PollResult({}, 0, 0.0)
-        errors.extend(result.errors)
-        if channels and _inspect_due(state, now):
+        wanted = sorted({a for ca in poll.addresses.values() for a in ca.all()})
+        poll.result = adapter.poll(wanted) if wanted else PollResult({}, 0, 0.0)
+        poll.errors.extend(poll.result.errors)
+        if poll.channels and _inspect_due(poll.state, poll.now):
             try:
-                topology = adapter.inspect(sorted({ca.main for ca in addresses.values()}))
+                poll.topology = adapter.inspect(sorted({ca.main for ca in poll.addresses.values()}))
             except BrokerError as exc:
-                errors.append(f"inspect: {exc}")
+                poll.errors.append(f"inspect: {exc}")
     except (BrokerConfigError, BrokerError) as exc:
-        error = str(exc)
+        poll.error = str(exc)
     except Exception as exc:  # an adapter bug must not leave channels looking healthy
         log.exception("poll of broker %s failed unexpectedly", broker.name)
-        error = f"{type(exc).__name__}: {exc}"
-    # 3. Store.
+        poll.error = f"{type(exc).__name__}: {exc}"
+    return poll
+
+
+def _finish(poll: _Poll) -> PollOutcome:
+    """Step 3 (database): store samples and health, release the lease."""
     try:
         outcome = _store(
-            broker, state, token, channels, addresses, result, topology, error, polled_at=now
+            poll.broker,
+            poll.state,
+            poll.token,
+            poll.channels,
+            poll.addresses,
+            poll.result,
+            poll.topology,
+            poll.error,
+            polled_at=poll.now,
         )
     except BaseException:
-        BrokerPollState.objects.filter(pk=broker.pk, lease_token=token).update(lease_until=None)
+        BrokerPollState.objects.filter(pk=poll.broker.pk, lease_token=poll.token).update(
+            lease_until=None
+        )
         raise
-    outcome.errors = ([error] if error else []) + errors
-    outcome.duration_s = time.monotonic() - started
-    outcome.broker_s = result.duration_s if result is not None else None
+    outcome.errors = ([poll.error] if poll.error else []) + poll.errors
+    outcome.duration_s = time.monotonic() - poll.started
+    outcome.broker_s = poll.result.duration_s if poll.result is not None else None
     return outcome
+
+
+def do_poll_broker(broker_id: int, *, force: bool = False) -> PollOutcome:
+    """Poll one broker (see the module docstring). ``force`` ignores an open circuit (used by
+    ``manage.py poll --once``); it never ignores another poll's lease."""
+    begun = _begin(broker_id, force=force)
+    if isinstance(begun, PollOutcome):
+        return begun
+    return _finish(_call_broker(begun))
+
+
+def poll_brokers(
+    broker_ids: Sequence[int],
+    *,
+    force: bool = False,
+    on_outcome: Callable[[PollOutcome], None] | None = None,
+) -> list[PollOutcome]:
+    """Poll several brokers concurrently, so a sick broker never delays a healthy one.
+
+    1. Claim every broker and read its channels (this thread).
+    2. Run the broker calls on a bounded pool (``DLO_POLL_CONCURRENCY`` threads), brokers that
+       failed last time last, so hung ones cannot take every thread ahead of healthy ones.
+       The threads touch the network only, never the database.
+    3. Store each broker's result in this thread *as soon as its call returns*: a healthy
+       broker's sample is committed while a hung one is still waiting out its timeout.
+    Returns the outcomes in the order of ``broker_ids``; ``on_outcome`` sees each as stored.
+    """
+    outcomes: dict[int, PollOutcome] = {}
+
+    def done(broker_id: int, outcome: PollOutcome) -> None:
+        outcomes[broker_id] = outcome
+        if on_outcome is not None:
+            on_outcome(outcome)
+
+    begun: dict[int, _Poll] = {}
+    for broker_id in broker_ids:
+        started = _begin(broker_id, force=force)
+        if isinstance(started, PollOutcome):
+            done(broker_id, started)
+        else:
+            begun[broker_id] = started
+    order = sorted(begun, key=lambda b: (begun[b].state.consecutive_failures, b))
+    workers = max(1, min(len(order), int(settings.DLO_POLL_CONCURRENCY)))
+    if len(order) <= 1:
+        for broker_id in order:
+            done(broker_id, _finish(_call_broker(begun[broker_id])))
+    else:
+        with concurrent.futures.ThreadPoolExecutor(workers, "dlo-poll") as pool:
+            futures = {pool.submit(_call_broker, begun[b]): b for b in order}
+            for future in concurrent.futures.as_completed(futures):
+                done(futures[future], _finish(future.result()))
+    return [outcomes[b] for b in broker_ids if b in outcomes]
 
 
 @transaction.atomic

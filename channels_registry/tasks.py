@@ -5,7 +5,7 @@ from __future__ import annotations
 from celery import shared_task
 from django.utils import timezone
 
-from channels_registry.polling import do_poll_broker, due_brokers, prune_samples
+from channels_registry.polling import do_poll_broker, due_brokers, poll_brokers, prune_samples
 
 
 @shared_task(acks_late=True, ignore_result=True)
@@ -15,12 +15,20 @@ def poll_broker_task(broker_id: int) -> str:
     return do_poll_broker(broker_id).status
 
 
+@shared_task(acks_late=True, ignore_result=True)
+def poll_brokers_task(broker_ids: list[int]) -> list[str]:
+    """One concurrent poll of these brokers (bounded pool): a hung broker holds one thread
+    for its timeout, never the others' samples, whatever the worker's own concurrency."""
+    return [outcome.status for outcome in poll_brokers(broker_ids)]
+
+
 @shared_task(ignore_result=True)
 def schedule_polls_task() -> int:
-    """Enqueue one poll per broker that is due (jittered interval, backoff, circuit breaker)."""
+    """Enqueue one concurrent poll of the brokers that are due (jittered interval, backoff,
+    circuit breaker)."""
     due = due_brokers(timezone.now())
-    for broker_id in due:
-        poll_broker_task.delay(broker_id)
+    if due:
+        poll_brokers_task.delay(due)
     return len(due)
 
 

@@ -236,6 +236,8 @@ CELERY_BEAT_SCHEDULE = beat_schedule()
 DLO_INPROCESS_SCHEDULER = env_bool("DLO_INPROCESS_SCHEDULER", False)
 # Timeout, in seconds, of every call to a broker.
 DLO_BROKER_TIMEOUT_S = float(env_int("DLO_BROKER_TIMEOUT_S", 5))
+# Brokers polled at the same time (threads per poll cycle), so a hung one delays no other.
+DLO_POLL_CONCURRENCY = env_int("DLO_POLL_CONCURRENCY", 8)
 # Raw poll samples are kept this long; 1-minute rollups (for charts) this many days.
 DLO_SAMPLE_RETENTION_HOURS = env_int("DLO_SAMPLE_RETENTION_HOURS", 48)
 DLO_ROLLUP_RETENTION_DAYS = env_int("DLO_ROLLUP_RETENTION_DAYS", 30)

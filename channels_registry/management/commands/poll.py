@@ -9,7 +9,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils import timezone
 
 from channels_registry.models import Broker
-from channels_registry.polling import PollOutcome, do_poll_broker, due_brokers
+from channels_registry.polling import PollOutcome, due_brokers, poll_brokers
 
 
 class Command(BaseCommand):
@@ -30,13 +30,17 @@ class Command(BaseCommand):
         if not options["once"]:
             self._forever(options["broker"])
             return
-        outcomes = [do_poll_broker(b.pk, force=True) for b in brokers]
-        for outcome in outcomes:
-            self.stdout.write(self._line(outcome))
+        started = time.monotonic()
+        # Concurrently: each line is printed as its broker is stored, healthy ones first.
+        outcomes = poll_brokers(
+            [b.pk for b in brokers],
+            force=True,
+            on_outcome=lambda o: self.stdout.write(self._line(o)),
+        )
         failed = [o for o in outcomes if o.status == "failed"]
         self.stdout.write(
             f"total: {len(outcomes)} broker(s), {sum(o.channels for o in outcomes)} channel(s),"
-            f" {sum(o.duration_s for o in outcomes):.2f} s, {len(failed)} failed"
+            f" {time.monotonic() - started:.2f} s, {len(failed)} failed"
         )
         if len(failed) == len(outcomes):
             raise CommandError("every broker failed to answer")
@@ -55,8 +59,10 @@ class Command(BaseCommand):
         self.stdout.write("Polling brokers as they fall due; Ctrl-C to stop.")
         try:
             while True:
-                for broker_id in due_brokers(timezone.now(), name=name):
-                    self.stdout.write(self._line(do_poll_broker(broker_id)))
+                poll_brokers(
+                    due_brokers(timezone.now(), name=name),
+                    on_outcome=lambda o: self.stdout.write(self._line(o)),
+                )
                 time.sleep(1.0)
         except KeyboardInterrupt:
             return
