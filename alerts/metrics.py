@@ -23,7 +23,8 @@ from alerts.models import Alert, AlertState, EvaluatorState, Notification, Sever
 from channels_registry.health import HealthState
 from channels_registry.models import Broker, BrokerPollState, Channel, ChannelSample
 from channels_registry.polling import stale_after_s
-from dlq.models import RESOLVED, DeadLetter
+from dlq.models import RESOLVED, DeadLetter, PlanStatus, ReplayPlan
+from dlq.replay_models import FINISHED
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 COUNTERS = ("produced", "delivered", "acked", "dead_lettered")
@@ -43,6 +44,7 @@ class DloCollector:
         yield from self._channels()
         yield from self._pollers()
         yield from self._alerts()
+        yield from self._replay_plans()
 
     def _channels(self) -> Iterator[Metric]:
         labels = ["broker", "channel"]
@@ -266,6 +268,25 @@ class DloCollector:
         if state is not None and state.last_run_at is not None:
             last.add_metric([], state.last_run_at.timestamp())
             yield last
+
+    def _replay_plans(self) -> Iterator[Metric]:
+        """Unfinished plans by status, and how long the oldest has waited for its broker
+        (alert on ``dlo_replay_plans{status="waiting_broker"} > 0``)."""
+        plans = GaugeMetricFamily(
+            "dlo_replay_plans", "Unfinished replay/discard plans by status.", labels=["status"]
+        )
+        unfinished = ReplayPlan.objects.exclude(status__in=FINISHED)
+        counts = dict(unfinished.values_list("status").annotate(n=Count("id")).order_by())
+        for status in PlanStatus.values:
+            if status not in FINISHED:
+                plans.add_metric([status], counts.get(status, 0))
+        waiting = GaugeMetricFamily(
+            "dlo_replay_broker_wait_seconds",
+            "How long the longest-waiting plan has waited for an unreachable broker (0: none).",
+        )
+        since = unfinished.filter(status=PlanStatus.WAITING).aggregate(m=Min("waiting_since"))["m"]
+        waiting.add_metric([], (self.now - since).total_seconds() if since else 0.0)
+        yield from (plans, waiting)
 
 
 def render_metrics(now: dt.datetime | None = None) -> bytes:

@@ -9,7 +9,10 @@ Contracts shared by every method:
 1. Every network call is bounded by ``self.timeout`` seconds (connect and each request).
 2. Every failure leaves the adapter as ``BrokerError``; ``permanent=True`` means retrying the same
    call will not help (bad credentials, unknown vhost, malformed URL), ``False`` means it might
-   (refused connection, timeout, a broker restarting).
+   (refused connection, timeout, a broker restarting). ``connection_lost=True`` is the one typed
+   way to say "the broker could not be reached or the connection broke": the session is
+   unusable and must be reopened, and nothing is known about the message (callers never parse
+   the message text to find this out).
 3. ``None`` in a measurement means *unknown*, never zero. An adapter that cannot measure a field
    leaves it ``None``; the dashboard renders that as "unknown", not as a healthy 0.
 4. Loops are bounded: paging stops at ``max_pages``; fetches stop at ``max_batch``.
@@ -26,11 +29,16 @@ from typing import Any
 
 
 class BrokerError(Exception):
-    """The one error type adapters raise. ``permanent`` says whether a retry could help."""
+    """The one error type adapters raise. ``permanent`` says whether a retry could help;
+    ``connection_lost`` that the broker is unreachable (refused, timed out, connection broken)
+    and the session must be reopened. The two never go together."""
 
-    def __init__(self, message: str, *, permanent: bool = False) -> None:
+    def __init__(
+        self, message: str, *, permanent: bool = False, connection_lost: bool = False
+    ) -> None:
         super().__init__(message)
         self.permanent = permanent
+        self.connection_lost = connection_lost and not permanent
 
 
 @dataclasses.dataclass(frozen=True, order=True)
@@ -152,12 +160,28 @@ class OutgoingMessage:
 
 @dataclasses.dataclass
 class PublishOutcome:
-    """The broker's verdict on one published message: confirmed, or not with a reason."""
+    """The broker's verdict on one published message: confirmed, or not with a reason.
+
+    An unconfirmed outcome is one of three kinds, told apart by flags, never by ``reason``:
+
+    - ``refused``: the broker answered and did not take the message (nack, unroutable/returned,
+      rejected by the stream); ``permanent`` when the same message will be refused again.
+    - ``connection_lost``: the broker could not be reached, the connection broke, or it did not
+      answer within the timeout. The message may or may not be stored (in doubt); the
+      publisher is unusable and must be reopened. This is not the message's fault.
+    - neither: no verdict for another reason (treated as in doubt).
+    """
 
     key: str
     confirmed: bool
     reason: str = ""
     permanent: bool = False
+    refused: bool = False
+    connection_lost: bool = False
+
+    @classmethod
+    def lost(cls, key: str, reason: str) -> PublishOutcome:
+        return cls(key, False, reason, connection_lost=True)
 
 
 class DrainSession(abc.ABC):
@@ -186,7 +210,9 @@ class Publisher(abc.ABC):
         """Publish persistently and wait (bounded) for the broker's verdict on each message.
 
         A message is ``confirmed`` only after a positive broker acknowledgement and, where the
-        broker can say so, proof that it was routed (RabbitMQ: no ``basic.return``)."""
+        broker can say so, proof that it was routed (RabbitMQ: no ``basic.return``). A lost
+        connection is reported per message (``PublishOutcome.connection_lost``) or raised as
+        ``BrokerError(connection_lost=True)``; either way the caller opens a new publisher."""
 
     @abc.abstractmethod
     def close(self) -> None:
@@ -240,7 +266,8 @@ class BrokerAdapter(abc.ABC):
 
     @abc.abstractmethod
     def open_publisher(self, target: Address) -> Publisher:
-        """Open a confirmed publishing session to ``target`` (where a replay goes)."""
+        """Open a confirmed publishing session to ``target`` (where a replay goes). Raises
+        ``BrokerError(connection_lost=True)`` when the broker cannot be reached now."""
 
     @contextmanager
     def drain(self, address: Address) -> Iterator[DrainSession]:

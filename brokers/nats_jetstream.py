@@ -149,7 +149,27 @@ def _broker_error(exc: BaseException, what: str) -> BrokerError:
         message = "timed out"
     if isinstance(exc, nats.errors.NoServersError):
         message = "no server reachable (connection refused or closed)"
-    return BrokerError(f"nats {what}: {type(exc).__name__}: {message}", permanent=permanent)
+    # The connection is gone or the server does not answer: reopen (sessions never reconnect
+    # on their own, see ``_connect``) rather than blame the message.
+    lost = isinstance(
+        exc,
+        nats.errors.ConnectionClosedError
+        | nats.errors.ConnectionDrainingError
+        | nats.errors.ConnectionReconnectingError
+        | nats.errors.StaleConnectionError
+        | nats.errors.UnexpectedEOF
+        | nats.errors.NoServersError
+        | nats.errors.OutboundBufferLimitError
+        | nats.errors.TimeoutError
+        | asyncio.TimeoutError
+        | TimeoutError
+        | OSError,
+    )
+    return BrokerError(
+        f"nats {what}: {type(exc).__name__}: {message}",
+        permanent=permanent,
+        connection_lost=lost,
+    )
 
 
 _TS = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d+))?(Z|[+-]\d\d:\d\d)$")
@@ -996,7 +1016,9 @@ class NatsPublisher(_LoopSession, Publisher):
     async def _one(self, message: OutgoingMessage) -> PublishOutcome:
         headers = self._headers(message)
         if isinstance(headers, str):
-            return PublishOutcome(key=message.key, confirmed=False, reason=headers, permanent=True)
+            return PublishOutcome(
+                key=message.key, confirmed=False, reason=headers, permanent=True, refused=True
+            )
         try:
             ack = await self.js.publish(
                 self.subject, message.body, timeout=self.timeout, headers=headers or None
@@ -1007,11 +1029,18 @@ class NatsPublisher(_LoopSession, Publisher):
                 confirmed=False,
                 reason=f"no responders: no stream captures subject {self.subject!r}",
                 permanent=True,
+                refused=True,
             )
         except Exception as exc:
             error = _broker_error(exc, f"publish {self.subject}")
             return PublishOutcome(
-                key=message.key, confirmed=False, reason=str(error), permanent=error.permanent
+                key=message.key,
+                confirmed=False,
+                reason=str(error),
+                permanent=error.permanent,
+                # An API error is the server's answer (e.g. a stream limit); the rest is doubt.
+                refused=isinstance(exc, nats.js.errors.APIError),
+                connection_lost=error.connection_lost,
             )
         return PublishOutcome(
             key=message.key,

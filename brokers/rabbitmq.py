@@ -564,7 +564,7 @@ class RabbitMQPublisher(Publisher):
             if isinstance(exc, BrokerError):
                 raise
             if isinstance(exc, TimeoutError | asyncio.TimeoutError):
-                raise BrokerError("publisher open timed out") from exc
+                raise BrokerError("publisher open timed out", connection_lost=True) from exc
             raise _amqp_error(exc, "open publisher") from exc
 
     async def _open(self) -> None:
@@ -626,12 +626,13 @@ class RabbitMQPublisher(Publisher):
                 continue
             key = self._batch[index].key
             if tag in self._returned:
-                outcome = PublishOutcome(key, False, self._return_reason.pop(tag, "unroutable"))
+                reason = self._return_reason.pop(tag, "unroutable")
+                outcome = PublishOutcome(key, False, reason, refused=True)
                 self._returned.discard(tag)
             elif positive:
                 outcome = PublishOutcome(key, True)
             else:
-                outcome = PublishOutcome(key, False, "nacked")
+                outcome = PublishOutcome(key, False, "nacked", refused=True)
             self._outcomes[index] = outcome
         self._progress.set()
 
@@ -639,7 +640,9 @@ class RabbitMQPublisher(Publisher):
         if not messages:
             return []
         if self._channel is None or self._closed_reason:
-            raise BrokerError(f"publisher is closed ({self._closed_reason or 'not open'})")
+            raise BrokerError(
+                f"publisher is closed ({self._closed_reason or 'not open'})", connection_lost=True
+            )
         self._batch = messages
         self._outcomes = [None] * len(messages)
         self._pending.clear()
@@ -647,7 +650,7 @@ class RabbitMQPublisher(Publisher):
         self._return_reason.clear()
         self._loop.run_until_complete(self._publish_all())
         return [
-            o if o is not None else PublishOutcome(m.key, False, "timeout")
+            o if o is not None else PublishOutcome.lost(m.key, "timeout: no confirm in time")
             for o, m in zip(self._outcomes, messages, strict=True)
         ]
 
@@ -676,13 +679,13 @@ class RabbitMQPublisher(Publisher):
                 return
         if self._closed_reason:
             for index in self._pending.values():
-                self._outcomes[index] = PublishOutcome(
-                    self._batch[index].key, False, self._closed_reason
+                self._outcomes[index] = PublishOutcome.lost(
+                    self._batch[index].key, self._closed_reason
                 )
             for index, outcome in enumerate(self._outcomes):
                 if outcome is None:
-                    self._outcomes[index] = PublishOutcome(
-                        self._batch[index].key, False, f"not sent: {self._closed_reason}"
+                    self._outcomes[index] = PublishOutcome.lost(
+                        self._batch[index].key, f"not sent: {self._closed_reason}"
                     )
             self._pending.clear()
 
@@ -872,7 +875,22 @@ def _amqp_error(exc: BaseException, action: str) -> BrokerError:
         # 403 ACCESS_REFUSED, 530 NOT_ALLOWED (unknown vhost / no permission) will not heal.
         permanent = exc.reply_code in (403, 530)
     detail = str(exc) or type(exc).__name__
-    return BrokerError(f"rabbitmq {action}: {type(exc).__name__}: {detail}", permanent=permanent)
+    # Unreachable or broken: refused/reset sockets, timeouts, a connection or channel the broker
+    # (or the network) closed. Typed here so no caller has to read pika's wording.
+    lost = isinstance(
+        exc,
+        pika.exceptions.AMQPConnectionError
+        | pika.exceptions.ConnectionWrongStateError
+        | pika.exceptions.ChannelWrongStateError
+        | pika.exceptions.ChannelClosed
+        | OSError
+        | TimeoutError,
+    )
+    return BrokerError(
+        f"rabbitmq {action}: {type(exc).__name__}: {detail}",
+        permanent=permanent,
+        connection_lost=lost,
+    )
 
 
 def _epoch(value: Any) -> float | None:

@@ -109,7 +109,13 @@ def _broker_error(exc: BaseException, what: str) -> BrokerError:
         rexc.ResponseError,  # WRONGTYPE, NOGROUP, unknown command: the same call fails again
     )
     permanent = isinstance(exc, permanent_types) and not isinstance(exc, rexc.BusyLoadingError)
-    return BrokerError(f"redis {what}: {type(exc).__name__}: {exc}", permanent=permanent)
+    # Unreachable, broken or still loading its data after a restart: reopen and try again.
+    lost = isinstance(
+        exc, rexc.ConnectionError | rexc.TimeoutError | rexc.BusyLoadingError | OSError
+    )
+    return BrokerError(
+        f"redis {what}: {type(exc).__name__}: {exc}", permanent=permanent, connection_lost=lost
+    )
 
 
 def _stats_from_info(
@@ -383,7 +389,13 @@ class RedisStreamsAdapter(BrokerAdapter):
         return RedisDrainSession(self, address.name)
 
     def open_publisher(self, target: Address) -> Publisher:
-        return RedisPublisher(self._client(), target.name)
+        client = self._client()
+        try:
+            client.ping()  # redis-py connects lazily: say "unreachable" here, as the contract asks
+        except (rexc.RedisError, OSError) as exc:
+            client.close()
+            raise _broker_error(exc, "open publisher") from None
+        return RedisPublisher(client, target.name)
 
 
 class RedisDrainSession(DrainSession):
@@ -534,9 +546,14 @@ class RedisPublisher(Publisher):
             for index, result in zip(sent, results, strict=True):
                 key = messages[index].key
                 if isinstance(result, Exception):
-                    permanent = getattr(result, "permanent", isinstance(result, rexc.ResponseError))
+                    error = _broker_error(result, f"publish {self.stream}")
                     outcomes[index] = PublishOutcome(
-                        key=key, confirmed=False, reason=str(result), permanent=permanent
+                        key=key,
+                        confirmed=False,
+                        reason=str(error),
+                        permanent=error.permanent,
+                        refused=not error.connection_lost,  # the server answered with an error
+                        connection_lost=error.connection_lost,
                     )
                 else:
                     outcomes[index] = PublishOutcome(key=key, confirmed=bool(result))

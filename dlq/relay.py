@@ -71,6 +71,9 @@ IN_FLIGHT = 2 * BATCH_SIZE
 # environment override is for the fault tests, which restart a killed relay at once.
 LEASE_S = float(os.environ.get("DLO_REPLAY_LEASE_S", "60"))
 SLICE_S = 300.0  # one relay run; the task re-enqueues itself for the rest
+# While the broker is unreachable the relay probes it after 1, 2, 4, then every 5 seconds.
+PROBE_MIN_S = 1.0
+PROBE_MAX_S = 5.0
 BACKOFF_BASE_S = 1.0
 BACKOFF_CAP_S = 60.0
 MAX_ATTEMPTS = 5
@@ -145,8 +148,7 @@ def backoff(attempt: int) -> float:
 def _definite_refusal(outcome: PublishOutcome) -> bool:
     """The broker said no (nothing was enqueued): the next attempt may take a new replay id.
     Anything else unconfirmed (timeout, connection lost) is in doubt: same id again."""
-    reason = outcome.reason
-    return outcome.permanent or reason == "nacked" or reason.startswith(("unroutable", "not sent"))
+    return outcome.refused or outcome.permanent
 
 
 def _claim_plan(plan_id: int, owner: str) -> bool:
@@ -204,13 +206,26 @@ def _take_batch(
         if not items:
             return []
         fresh = [i for i in items if i.status == ItemStatus.PENDING]
+        # Published again with the id it had: the earlier copy may be stored (relay crash,
+        # lost connection, no confirm), so the target may now hold two.
+        again = [i for i in items if i.status == ItemStatus.SENDING or i.replay_id]
+        _count_sends(plan, items, again)
+        crashed = [i.pk for i in items if i.status == ItemStatus.SENDING]
+        if crashed:
+            ReplayItem.objects.filter(pk__in=crashed).update(
+                publishes=F("publishes") + 1, republished=True
+            )
         # Two UPDATEs, not a per-row CASE: items whose last outcome was in doubt keep their
         # replay id; the others get "<plan>:<item>:<attempt>" computed by the database.
         keep = [i.pk for i in fresh if i.replay_id]
         new = [i.pk for i in fresh if not i.replay_id]
-        bump = {"status": ItemStatus.SENDING, "attempts": F("attempts") + 1}
+        bump = {
+            "status": ItemStatus.SENDING,
+            "attempts": F("attempts") + 1,
+            "publishes": F("publishes") + 1,
+        }
         if keep:
-            ReplayItem.objects.filter(pk__in=keep).update(**bump)
+            ReplayItem.objects.filter(pk__in=keep).update(**bump, republished=True)
         if new:
             replay_id = Concat(
                 Value(f"{plan.pk}:"),
@@ -224,9 +239,23 @@ def _take_batch(
             item.attempts += 1
             item.status = ItemStatus.SENDING
             item.replay_id = item.replay_id or f"{plan.pk}:{item.pk}:{item.attempts}"
-        if fresh:
-            ReplayPlan.objects.filter(pk=plan.pk).update(sent=F("sent") + len(fresh))
+        for item in items:
+            item.publishes += 1
+        for item in again:
+            item.republished = True
     return items
+
+
+def _count_sends(plan: ReplayPlan, items: list[ReplayItem], again: list[ReplayItem]) -> None:
+    """Counters that tell the truth (inside the claim's transaction): every publish, distinct
+    entries published, and distinct entries that may have gone out twice."""
+    first = sum(1 for i in items if i.publishes == 0)
+    doubled = sum(1 for i in again if not i.republished)
+    ReplayPlan.objects.filter(pk=plan.pk).update(
+        sent=F("sent") + len(items),
+        sent_entries=F("sent_entries") + first,
+        maybe_twice=F("maybe_twice") + doubled,
+    )
 
 
 def _record_outcomes(
@@ -248,6 +277,14 @@ def _record_outcomes(
             ok.append(item)
             continue
         item.last_error = outcome.reason[:2000] or "not confirmed"
+        if outcome.connection_lost:
+            # Not the message's fault: the attempt is given back, the replay id kept (the
+            # copy may be stored), and the plan waits for the broker (see ``_await_broker``).
+            item.attempts = max(item.attempts - 1, 0)
+            item.status = ItemStatus.PENDING
+            item.next_attempt_at = None
+            retry.append(item)
+            continue
         if outcome.permanent or item.attempts >= plan.max_attempts:
             failed.append((item, item.last_error))
             continue
@@ -312,7 +349,7 @@ def _record_outcomes(
         ]
         if retry:
             ReplayItem.objects.bulk_update(
-                retry, ["status", "next_attempt_at", "last_error", "replay_id"]
+                retry, ["status", "next_attempt_at", "last_error", "replay_id", "attempts"]
             )
         record_many(specs, actor=actor)
         ReplayPlan.objects.filter(pk=plan.pk).update(
@@ -343,26 +380,48 @@ class _Publishers:
         return base
 
     def publish(self, batch: list[tuple[Address, OutgoingMessage]]) -> list[PublishOutcome]:
+        """Publish per target. A session the adapter reports lost (``connection_lost`` on an
+        outcome, or any ``BrokerError`` from opening or publishing: the session is unusable)
+        is closed and reopened next time; the targets after it are not tried in this batch."""
         groups: dict[Address, list[OutgoingMessage]] = {}
         for target, message in batch:
             groups.setdefault(target, []).append(message)
         outcomes: list[PublishOutcome] = []
+        lost = ""
         for target, messages in groups.items():
+            if lost:
+                outcomes.extend(PublishOutcome.lost(m.key, f"not sent: {lost}") for m in messages)
+                continue
             try:
                 publisher = self.open.get(target)
                 if publisher is None:
                     publisher = self.open[target] = self.adapter.open_publisher(target)
                 result = publisher.publish(messages)
             except BrokerError as exc:
-                self.drop(target)
-                result = [
-                    PublishOutcome(m.key, False, f"broker error: {exc}", exc.permanent)
-                    for m in messages
-                ]
-            if any(o.reason.startswith(("connection closed", "channel closed")) for o in result):
+                result = [PublishOutcome.lost(m.key, f"broker error: {exc}") for m in messages]
+            first_lost = next((o for o in result if o.connection_lost), None)
+            if first_lost is not None:
+                lost = first_lost.reason
                 self.drop(target)
             outcomes.extend(result)
         return outcomes
+
+    def probe(self) -> str | None:
+        """Open (and close) a publisher to the plan's target: None when the broker answers,
+        else why not."""
+        try:
+            publisher = self.adapter.open_publisher(
+                Address(self.plan.target_name, self.plan.target_group)
+            )
+        except BrokerError as exc:
+            return str(exc)
+        except Exception as exc:  # an adapter bug must not end the wait in a traceback loop
+            return f"{type(exc).__name__}: {exc}"
+        try:
+            publisher.close()
+        except Exception:  # the broker answered; a failing close changes nothing
+            log.debug("closing the probe publisher failed", exc_info=True)
+        return None
 
     def drop(self, target: Address) -> None:
         publisher = self.open.pop(target, None)
@@ -483,6 +542,15 @@ def _run_replay(plan: ReplayPlan, owner: str, result: RunResult, max_seconds: fl
             upto = plan.canary_size if canary else None
             started = time.monotonic()
             landed = land()
+            lost = next((o.reason for o in landed[1] if o.connection_lost), "") if landed else ""
+            if lost or plan.status == PlanStatus.WAITING:
+                settle(landed)  # the lost ones go back to PENDING, their attempt given back
+                if _await_broker(plan, publishers, pool, lost or plan.status_note, owner, deadline):
+                    continue
+                plan.refresh_from_db()
+                result.more = plan.status == PlanStatus.WAITING
+                result.retry_in = PROBE_MAX_S
+                break
             busy = {i.pk for i in landed[0]} if landed else set()  # SENDING, but not in doubt
             items = _take_batch(plan, _batch_limit(plan), not runnable, upto, busy)
             if items:
@@ -526,6 +594,92 @@ def _run_replay(plan: ReplayPlan, owner: str, result: RunResult, max_seconds: fl
     plan.refresh_from_db()
     result.status = plan.status
     return result
+
+
+def _await_broker(
+    plan: ReplayPlan,
+    publishers: _Publishers,
+    pool: ThreadPoolExecutor,
+    reason: str,
+    owner: str,
+    deadline: float,
+) -> bool:
+    """The broker does not answer. An unreachable broker is not a failure of the messages:
+
+    1. mark the plan WAITING with the reason (one audit event per outage, outcome "failed");
+    2. probe on the publisher thread (open a publisher) after 1, 2, 4, 5, 5 … seconds,
+       renewing the lease, while the plan is still WAITING and the slice lasts;
+    3. when the broker answers: RUNNING again, audited with how long it waited; True.
+
+    False when the slice ends (the plan stays WAITING; the next run probes on), the lease is
+    lost, or a person paused or cancelled the plan meanwhile."""
+    actor = Actor.system("replay-relay")
+    if not _enter_waiting(plan, reason, actor):
+        return False
+    delay = PROBE_MIN_S
+    while time.monotonic() + delay <= deadline:
+        time.sleep(delay)
+        plan.refresh_from_db()
+        if plan.status != PlanStatus.WAITING or not _renew(plan.pk, owner):
+            return False
+        problem = pool.submit(publishers.probe).result()
+        if problem is None:
+            return _leave_waiting(plan, actor)
+        note = f"broker unreachable: {problem}"[:1000]
+        if note != plan.status_note:
+            ReplayPlan.objects.filter(pk=plan.pk, status=PlanStatus.WAITING).update(
+                status_note=note
+            )
+        delay = min(delay * 2, PROBE_MAX_S)
+    return False
+
+
+def _enter_waiting(plan: ReplayPlan, reason: str, actor: Actor) -> bool:
+    """Step 1 of ``_await_broker``; True when the plan is (now or already) WAITING."""
+    note = reason if reason.startswith("broker unreachable") else f"broker unreachable: {reason}"
+    with transaction.atomic():
+        changed = ReplayPlan.objects.filter(
+            pk=plan.pk, status__in=[PlanStatus.QUEUED, PlanStatus.RUNNING]
+        ).update(
+            status=PlanStatus.WAITING,
+            status_note=note[:1000],
+            waiting_since=timezone.now(),
+            outages=F("outages") + 1,
+        )
+        plan.refresh_from_db()
+        if changed:
+            log.warning("replay plan %s waits for its broker: %s", plan.pk, note)
+            record(
+                f"dlq.{plan.kind}.broker_unreachable",
+                actor=actor,
+                target=plan,
+                channel_slug=plan.channel.slug,
+                reason=note[:1000],
+                after={"status": PlanStatus.WAITING, "outage": plan.outages},
+                outcome="failed",
+            )
+    return plan.status == PlanStatus.WAITING
+
+
+def _leave_waiting(plan: ReplayPlan, actor: Actor) -> bool:
+    """Step 3 of ``_await_broker``."""
+    now = timezone.now()
+    with transaction.atomic():
+        changed = ReplayPlan.objects.filter(pk=plan.pk, status=PlanStatus.WAITING).update(
+            status=PlanStatus.RUNNING, status_note="", waiting_since=None
+        )
+        if changed:
+            waited = (now - plan.waiting_since).total_seconds() if plan.waiting_since else None
+            log.warning("replay plan %s: the broker answers again, resuming", plan.pk)
+            record(
+                f"dlq.{plan.kind}.broker_back",
+                actor=actor,
+                target=plan,
+                channel_slug=plan.channel.slug,
+                after={"status": PlanStatus.RUNNING, "waited_s": waited, "outage": plan.outages},
+            )
+        plan.refresh_from_db()
+    return bool(changed)
 
 
 def _pause_unconfigured(plan: ReplayPlan, problem: str, actor: Actor) -> None:
@@ -580,9 +734,15 @@ def _next_due_in(plan: ReplayPlan, upto: int | None = None) -> float | None:
 
 
 def _finish(plan: ReplayPlan, actor: Actor) -> None:
+    """Every item resolved: DONE, or DONE_WITH_FAILURES (audit outcome "failed") when any
+    entry failed for good."""
     with transaction.atomic():
+        plan.refresh_from_db()
+        status = PlanStatus.DONE_WITH_FAILURES if plan.failed else PlanStatus.DONE
         done = ReplayPlan.objects.filter(pk=plan.pk, status=PlanStatus.RUNNING).update(
-            status=PlanStatus.DONE, finished_at=timezone.now()
+            status=status,
+            finished_at=timezone.now(),
+            status_note=f"{plan.failed} of {plan.total} failed" if plan.failed else "",
         )
         if done:
             plan.refresh_from_db()
@@ -592,13 +752,18 @@ def _finish(plan: ReplayPlan, actor: Actor) -> None:
                 target=plan,
                 channel_slug=plan.channel.slug,
                 after={
+                    "status": status,
                     "total": plan.total,
                     "confirmed": plan.confirmed,
                     "failed": plan.failed,
                     "discarded": plan.discarded,
                     "skipped": plan.skipped,
                     "publishes": plan.sent,
+                    "entries_published": plan.sent_entries,
+                    "maybe_twice": plan.maybe_twice,
+                    "outages": plan.outages,
                 },
+                outcome="failed" if plan.failed else "success",
             )
 
 

@@ -24,15 +24,19 @@ class PlanStatus(models.TextChoices):
     AWAITING_APPROVAL = "awaiting_approval", "Awaiting approval"
     QUEUED = "queued", "Queued"
     RUNNING = "running", "Running"
+    # The relay paused itself because the broker does not answer; it probes and resumes on its
+    # own when the broker is back, spending no attempt of any entry (``status_note``: why).
+    WAITING = "waiting_broker", "Paused: broker unreachable"
     PAUSED = "paused", "Paused"
     HALTED = "halted", "Halted by the canary"
     DONE = "done", "Done"
+    DONE_WITH_FAILURES = "done_failures", "Done with failures"
     CANCELLED = "cancelled", "Cancelled"
 
 
 # The relay works on plans in these states; the others are waiting for a person or finished.
-RUNNABLE = (PlanStatus.QUEUED, PlanStatus.RUNNING)
-FINISHED = (PlanStatus.DONE, PlanStatus.CANCELLED)
+RUNNABLE = (PlanStatus.QUEUED, PlanStatus.RUNNING, PlanStatus.WAITING)
+FINISHED = (PlanStatus.DONE, PlanStatus.DONE_WITH_FAILURES, PlanStatus.CANCELLED)
 
 
 class ItemStatus(models.TextChoices):
@@ -85,9 +89,15 @@ class ReplayPlan(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
-    status_note = models.TextField(blank=True)  # why it halted / was cancelled
+    status_note = models.TextField(blank=True)  # why it halted / waits / was cancelled
+    waiting_since = models.DateTimeField(null=True, blank=True)  # broker unreachable since
+    outages = models.PositiveIntegerField(default=0)  # times the relay waited for the broker
     # Progress counters, moved in the same transaction as the items they count.
-    sent = models.PositiveIntegerField(default=0)  # publish attempts made
+    sent = models.PositiveIntegerField(default=0)  # publishes, republishes of in-doubt items too
+    sent_entries = models.PositiveIntegerField(default=0)  # distinct entries published
+    # Distinct entries published again with the same replay id after an outcome in doubt
+    # (connection lost, no confirm, relay crash): the target may hold two copies of each.
+    maybe_twice = models.PositiveIntegerField(default=0)
     confirmed = models.PositiveIntegerField(default=0)
     failed = models.PositiveIntegerField(default=0)
     cancelled = models.PositiveIntegerField(default=0)
@@ -124,13 +134,20 @@ class ReplayPlan(models.Model):
         return int(100 * self.resolved / self.total) if self.total else 100
 
     @property
+    def republishes(self) -> int:
+        """Publishes beyond one per entry: retries after refusals and republishes in doubt."""
+        return max(self.sent - self.sent_entries, 0)
+
+    @property
     def is_finished(self) -> bool:
         return self.status in FINISHED
 
 
 class ReplayItem(models.Model):
     """One entry of a plan: its attempts and outcome. ``replay_id`` is
-    ``"<plan>:<item>:<attempt>"``, persisted before the attempt is published."""
+    ``"<plan>:<item>:<attempt>"``, persisted before the attempt is published. ``attempts``
+    counts only attempts the broker answered or that stayed in doubt with the broker up; a
+    lost connection gives the attempt back."""
 
     plan = models.ForeignKey(ReplayPlan, on_delete=models.CASCADE, related_name="items")
     entry = models.ForeignKey("dlq.DeadLetter", on_delete=models.CASCADE, related_name="items")
@@ -138,6 +155,8 @@ class ReplayItem(models.Model):
     status = models.CharField(max_length=10, choices=ItemStatus.choices, default="pending")
     attempts = models.PositiveSmallIntegerField(default=0)
     replay_id = models.CharField(max_length=64, blank=True)
+    publishes = models.PositiveIntegerField(default=0)  # every publish, in doubt or not
+    republished = models.BooleanField(default=False)  # published again while in doubt
     last_error = models.TextField(blank=True)
     next_attempt_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)

@@ -8,7 +8,14 @@ from typing import Any
 import pytest
 
 from audit.actions import Actor
-from brokers.base import Address, BrokerAdapter, DrainSession, OutgoingMessage, Publisher
+from brokers.base import (
+    Address,
+    BrokerAdapter,
+    BrokerError,
+    DrainSession,
+    OutgoingMessage,
+    Publisher,
+)
 from brokers.base import PublishOutcome as Outcome
 from dlq import ingest, relay
 from dlq.actions import do_create_plan
@@ -48,6 +55,7 @@ class RecordingAdapter(BrokerAdapter):
         # thread: the test database connection is not shared across threads.
         self.after_publish: list[Callable[[Sequence[OutgoingMessage]], None]] = []
         self.unhooked: list[Sequence[OutgoingMessage]] = []
+        self.unreachable = 0
 
     def run_hooks(self) -> None:
         while self.unhooked:
@@ -68,6 +76,9 @@ class RecordingAdapter(BrokerAdapter):
         raise NotImplementedError
 
     def open_publisher(self, target: Address) -> Publisher:
+        if self.unreachable > 0:  # the broker is down for this many more connection attempts
+            self.unreachable -= 1
+            raise BrokerError("connection refused", connection_lost=True)
         return RecordingPublisher(self, target)
 
 

@@ -12,6 +12,7 @@ from django.test import override_settings
 from audit.actions import Actor
 from audit.chain import GENESIS
 from audit.models import AuditEvent
+from brokers.base import OutgoingMessage
 from brokers.base import PublishOutcome as Outcome
 from channels_registry.models import ChannelHealth
 from dlq import relay
@@ -283,13 +284,16 @@ def test_unroutable_is_retried_then_failed_with_the_reason(
     first_item = plan.items.order_by("position").first()
     assert first_item is not None
     publisher.policy = lambda m, n: (
-        Outcome(m.key, False, "unroutable: 312 NO_ROUTE")
+        Outcome(m.key, False, "unroutable: 312 NO_ROUTE", refused=True)
         if m.key == str(first_item.pk)
         else Outcome(m.key, True)
     )
     ReplayPlan.objects.filter(pk=plan.pk).update(max_attempts=3)
     result = relay.run_plan(plan.pk)
-    assert result.status == PlanStatus.DONE
+    # A plan that ends with failures says so, in its status and its audit outcome.
+    assert result.status == PlanStatus.DONE_WITH_FAILURES
+    finished = AuditEvent.objects.get(action="dlq.replay.finished")
+    assert finished.outcome == "failed" and finished.after["failed"] == 1
     first_item.refresh_from_db()
     assert first_item.status == ItemStatus.FAILED and first_item.attempts == 3
     assert "NO_ROUTE" in first_item.last_error
@@ -313,6 +317,45 @@ def test_a_lost_confirm_republishes_with_the_same_replay_id(
     ids = [m.headers["x-dlq-replay-id"] for _, m in publisher.sent]
     assert len(ids) == 2 and ids[0] == ids[1]
     assert DeadLetter.objects.get().status == Status.REPLAYED
+
+
+def test_a_lost_connection_waits_for_the_broker_and_spends_no_attempt(
+    oncall: User, publisher: RecordingAdapter, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The connection breaks with the first publish of every entry, and the broker refuses
+    two reconnections: the plan pauses itself (visible, audited), resumes on its own, and
+    every entry is REPLAYED with its first attempt and its first replay id."""
+    monkeypatch.setattr(relay, "PROBE_MIN_S", 0.01)
+    entries = _entries(3)
+    plan = plan_for(entries, oncall)
+
+    def policy(message: OutgoingMessage, n: int) -> Outcome:
+        if n == 1:
+            publisher.unreachable = 2
+            return Outcome.lost(message.key, "connection closed: reset by peer")
+        return Outcome(message.key, True)
+
+    publisher.policy = policy
+    result = relay.run_plan(plan.pk)
+    assert result.status == PlanStatus.DONE and result.confirmed == 3
+    plan.refresh_from_db()
+    assert (plan.sent, plan.sent_entries, plan.maybe_twice, plan.outages) == (6, 3, 3, 1)
+    assert plan.republishes == 3 and plan.status_note == "" and plan.waiting_since is None
+    for item in plan.items.all():
+        ids = [m.headers["x-dlq-replay-id"] for _, m in publisher.sent if m.key == str(item.pk)]
+        assert ids == [f"{plan.pk}:{item.pk}:1"] * 2  # in doubt: the same id again
+        assert item.attempts == 1 and item.publishes == 2 and item.republished
+    actions = list(
+        AuditEvent.objects.filter(target_type="dlq.replayplan").values_list("action", "outcome")
+    )
+    assert ("dlq.replay.broker_unreachable", "failed") in actions
+    assert ("dlq.replay.broker_back", "success") in actions
+    assert actions[-1] == ("dlq.replay.finished", "success")
+    back = AuditEvent.objects.get(action="dlq.replay.broker_back")
+    assert back.after["waited_s"] >= 0
+    page = client_for(oncall).get(plan.get_absolute_url()).content.decode()
+    assert "May have gone out twice" in page and "unreachable 1 time during this plan" in page
+    _assert_one_request_and_one_outcome_each(entries)
 
 
 def test_pause_stops_and_resume_continues(

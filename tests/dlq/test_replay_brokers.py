@@ -13,6 +13,7 @@ import pytest
 import redis
 from django.contrib.auth.models import User
 
+from alerts.metrics import render_metrics
 from audit.models import AuditEvent
 from channels_registry.models import BrokerKind
 from dlq import relay
@@ -113,7 +114,7 @@ def test_rabbitmq_unroutable_target_never_reaches_replayed(
     plan.save(update_fields=["max_attempts"])
     connection.channel().queue_delete(queue)  # the binding is gone: mandatory → returned
     result = relay.run_plan(plan.pk)
-    assert result.status == PlanStatus.DONE and result.confirmed == 0
+    assert result.status == PlanStatus.DONE_WITH_FAILURES and result.confirmed == 0
     items = list(ReplayItem.objects.filter(plan=plan))
     assert {i.status for i in items} == {ItemStatus.FAILED}
     assert all("unroutable" in i.last_error and i.attempts == 2 for i in items)
@@ -208,7 +209,9 @@ def test_nats_replay_publishes_to_the_stored_subject_with_a_msg_id(
         asyncio.run(cleanup())
 
 
-def test_a_broker_that_is_down_leaves_items_to_retry(oncall: User, monkeypatch: Any) -> None:
+def test_a_broker_that_is_down_pauses_the_plan_and_spends_no_attempt(
+    oncall: User, monkeypatch: Any
+) -> None:
     monkeypatch.setenv("DLO_TEST_REPLAY_AMQP", "amqp://guest:guest@127.0.0.1:1/%2F")
     monkeypatch.setattr(relay, "backoff", lambda attempt: 30.0)
     channel = _rabbit_channel("nowhere")
@@ -218,4 +221,13 @@ def test_a_broker_that_is_down_leaves_items_to_retry(oncall: User, monkeypatch: 
     assert result.more and result.confirmed == 0
     item = ReplayItem.objects.get(plan=plan)
     assert item.status == ItemStatus.PENDING and "broker error" in item.last_error
+    assert item.attempts == 0  # an unreachable broker is not the message's failure
     assert DeadLetter.objects.get().status == Status.REPLAYING
+    plan.refresh_from_db()
+    assert plan.status == PlanStatus.WAITING and "unreachable" in plan.status_note
+    assert plan.outages == 1
+    [event] = AuditEvent.objects.filter(action="dlq.replay.broker_unreachable")
+    assert event.outcome == "failed" and "rabbitmq" in event.reason
+    metrics = render_metrics().decode()  # what an alert rule watches
+    assert 'dlo_replay_plans{status="waiting_broker"} 1.0' in metrics
+    assert "dlo_replay_broker_wait_seconds 0.0" not in metrics
