@@ -542,7 +542,7 @@ def _run_replay(plan: ReplayPlan, owner: str, result: RunResult, max_seconds: fl
             upto = plan.canary_size if canary else None
             started = time.monotonic()
             landed = land()
-            lost = next((o.reason for o in landed[1] if o.connection_lost), "") if landed else ""
+            lost = _lost_reason(landed)
             if lost or plan.status == PlanStatus.WAITING:
                 settle(landed)  # the lost ones go back to PENDING, their attempt given back
                 if _await_broker(plan, publishers, pool, lost or plan.status_note, owner, deadline):
@@ -583,7 +583,10 @@ def _run_replay(plan: ReplayPlan, owner: str, result: RunResult, max_seconds: fl
                 if spare > 0:
                     time.sleep(spare)
             if time.monotonic() > deadline:
-                settle(land())
+                landed = land()
+                settle(landed)
+                if lost := _lost_reason(landed):
+                    _enter_waiting(plan, lost, actor)
                 result.more = True
                 break
     finally:
@@ -594,6 +597,12 @@ def _run_replay(plan: ReplayPlan, owner: str, result: RunResult, max_seconds: fl
     plan.refresh_from_db()
     result.status = plan.status
     return result
+
+
+def _lost_reason(landed: tuple[list[ReplayItem], list[PublishOutcome]] | None) -> str:
+    """Why the broker connection was lost while publishing this batch, else ""."""
+    outcomes = landed[1] if landed else []
+    return next((o.reason for o in outcomes if o.connection_lost), "")
 
 
 def _await_broker(

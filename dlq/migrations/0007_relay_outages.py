@@ -5,7 +5,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("dlq", "0005_replay_roles"),
+        ("dlq", "0006_group_open_count"),
     ]
 
     operations = [
