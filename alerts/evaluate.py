@@ -150,7 +150,16 @@ def _facts(
         poison_depth=(health.poison_depth or 0) + poison.get("before", 0),
         dlq_inflow=dlq_in,
         poison_inflow=poison_in,
+        missing_dead_letter=missing_dead_letter(health),
     )
+
+
+def missing_dead_letter(health: ChannelHealth) -> list[str]:
+    """Declared dead-letter addresses the last poll found missing (from its observed findings)."""
+    for finding in health.observed_findings or []:
+        if finding.get("code") == "observed.dead-letter-missing":
+            return [str(a) for a in finding.get("addresses") or []]
+    return []
 
 
 def _dead_letter_aggregates(
@@ -345,7 +354,8 @@ def _evaluate(now: dt.datetime) -> _Run:
     channels = list(
         Channel.objects.filter(enabled=True, broker__enabled=True)
         .select_related("broker", "health")
-        .defer("health__spark", "health__observed", "health__observed_findings", "health__window")
+        # observed_findings stays: the dead-letter-missing rule reads it.
+        .defer("health__spark", "health__observed", "health__window")
         .order_by("pk")
     )
     # The sample windows (for DLQ growth on the broker not yet ingested) only of channels

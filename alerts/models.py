@@ -27,6 +27,8 @@ class RuleKey(models.TextChoices):
     DLQ_DEPTH = "dlq-depth", "DLQ depth"
     DLQ_AGE = "dlq-age", "Oldest dead letter"
     POISON_INFLOW = "poison-inflow", "Poison inflow"
+    POISON_DEPTH = "poison-depth", "Poison depth"
+    DEAD_LETTER_MISSING = "dead-letter-missing", "DLQ / poison address missing"
     BACKLOG = "backlog", "Backlog"
     LAG = "lag", "Lag"
     MESSAGE_AGE = "message-age", "Oldest message"

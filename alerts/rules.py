@@ -38,6 +38,7 @@ INHIBITS: dict[str, set[str]] = {
     RuleKey.NO_CONSUMERS: {RuleKey.STOPPED},
     RuleKey.STOPPED: {RuleKey.BACKLOG, RuleKey.LAG, RuleKey.MESSAGE_AGE},
     RuleKey.STALLED: {RuleKey.BACKLOG, RuleKey.LAG, RuleKey.MESSAGE_AGE},
+    RuleKey.POISON_DEPTH: {RuleKey.POISON_INFLOW},
 }
 
 
@@ -137,6 +138,24 @@ def channel_specs(channel: Any, overrides: Mapping[str, Override] | None = None)
                 window_s=DEFAULT_WINDOW_S,
             )
         )
+    if channel.poison_address:
+        # Poison is never retried into success, so any poison message waiting pages: depth > 0
+        # (or > the DLQ threshold when one is declared), the same floor as the DLQ's.
+        t = float(channel.alert_dlq_depth or 0)
+        add(
+            RuleSpec(
+                RuleKey.POISON_DEPTH,
+                Severity.CRITICAL,
+                t + 1,
+                math.floor(t * EXIT_RATIO),
+                t,
+                0.0,
+                0.0,
+            )
+        )
+    if channel.dlq_address or channel.poison_address:
+        # A declared dead-letter address the broker does not have drops what is sent to it.
+        add(_boolean(RuleKey.DEAD_LETTER_MISSING, Severity.CRITICAL, for_s=0, clear_for_s=0))
     if channel.alert_lag_messages:
         add(_numeric(RuleKey.BACKLOG, Severity.WARNING, channel.alert_lag_messages, for_s=120))
     if channel.alert_lag_seconds:
@@ -210,6 +229,8 @@ class ChannelFacts:
     #: New dead letters / poison messages per window length (seconds → count).
     dlq_inflow: Mapping[float, int] = dataclasses.field(default_factory=dict)
     poison_inflow: Mapping[float, int] = dataclasses.field(default_factory=dict)
+    #: Declared DLQ/poison addresses the broker does not have (None: not checked).
+    missing_dead_letter: Sequence[str] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -244,6 +265,22 @@ def observe(spec: RuleSpec, facts: ChannelFacts) -> Observation:
         return _num(
             age, f"oldest dead letter {fmt_duration(age)} old (SLO {fmt_duration(t)})", evidence
         )
+    if rule == RuleKey.POISON_DEPTH:
+        return _num(
+            facts.poison_depth,
+            f"poison depth {fmt_int(facts.poison_depth)} > {fmt_int(t)}",
+            evidence,
+        )
+    if rule == RuleKey.DEAD_LETTER_MISSING:
+        missing = facts.missing_dead_letter
+        if missing is None:
+            return Observation(None, "dead-letter addresses not checked yet")
+        summary = (
+            f"declared dead-letter address(es) missing on the broker: {', '.join(missing)}"
+            if missing
+            else "declared dead-letter addresses exist"
+        )
+        return Observation(float(bool(missing)), summary, evidence)
     if rule == RuleKey.BACKLOG:
         return _num(facts.backlog, f"backlog {fmt_int(facts.backlog)} ≥ {fmt_int(t)}", evidence)
     if rule == RuleKey.LAG:

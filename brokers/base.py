@@ -85,6 +85,9 @@ class ChannelStats:
     delivered: int | None = None
     acked: int | None = None
     dead_lettered: int | None = None
+    #: The highest delivery count among pending (delivered, unacked) messages, where the broker
+    #: tells it cheaply (Redis: XPENDING of the oldest pending entries).
+    max_deliveries: int | None = None
     observed_at: float = dataclasses.field(default_factory=time.time)
 
     def as_dict(self) -> dict[str, Any]:
@@ -120,6 +123,14 @@ class Topology:
     overflow: str | None = None  # "drop-head" | "reject-publish" | "reject-publish-dlx"
     ack_policy: str | None = None  # JetStream: "none" | "all" | "explicit"
     max_ack_pending: int | None = None  # JetStream max_ack_pending; -1 = unbounded
+    prefetch: int | None = None  # RabbitMQ: largest consumer prefetch_count; 0 = unbounded
+    #: How long one delivery may stay unacknowledged before the broker acts (RabbitMQ consumer
+    #: timeout set on the queue or consumer, JetStream ack_wait); None when not visible.
+    ack_timeout_s: float | None = None
+    #: Retention the broker enforces: by age (message TTL, stream max age, or the age of the
+    #: oldest entry left after visible trimming) and by count (max length / max messages).
+    retention_s: float | None = None
+    retention_count: int | None = None
     raw: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 

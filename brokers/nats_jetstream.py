@@ -326,6 +326,12 @@ def _topology(
         topology.ack_policy = config.get("ack_policy")
         topology.delivery_limit = _int_or_none(config.get("max_deliver"))
         topology.max_ack_pending = _int_or_none(config.get("max_ack_pending"))
+        ack_wait = _int_or_none(config.get("ack_wait"))  # nanoseconds
+        topology.ack_timeout_s = ack_wait / 1e9 if ack_wait else None
+    max_age = _int_or_none(stream_config.get("max_age"))  # nanoseconds; 0 = unlimited
+    topology.retention_s = max_age / 1e9 if max_age else None
+    max_msgs = _int_or_none(stream_config.get("max_msgs"))  # -1 = unlimited
+    topology.retention_count = max_msgs if max_msgs and max_msgs > 0 else None
     return topology
 
 

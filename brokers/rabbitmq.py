@@ -340,14 +340,31 @@ class RabbitMQAdapter(BrokerAdapter):
             return {a: Topology(a, exists=ok) for a, (ok, _f, _t) in declared.items()}
         with self._http() as client:
             queues, _trips, errors = self._list_queues(client, _INSPECT_COLUMNS)
+            consumers = self._list_consumers(client)
         result: dict[Address, Topology] = {}
         for address in addresses:
             q = queues.get(address.name)
             if q is None:
                 result[address] = Topology(address, exists=bool(errors))
                 continue
-            result[address] = _topology(address, q)
+            result[address] = _topology(address, q, consumers.get(address.name, []))
         return result
+
+    def _list_consumers(self, client: httpx.Client) -> dict[str, list[dict[str, Any]]]:
+        """``/api/consumers/<vhost>`` by queue name (prefetch and consumer arguments). Not
+        paged by the broker: one bounded request; on failure the topology simply lacks them."""
+        assert self._api_base is not None
+        url = f"{self._api_base}/consumers/{urllib.parse.quote(self.vhost, safe='')}"
+        try:
+            items = _http_get(client, url, []).json()
+        except (BrokerError, ValueError):
+            return {}
+        by_queue: dict[str, list[dict[str, Any]]] = {}
+        for item in items if isinstance(items, list) else []:
+            queue = (item.get("queue") or {}).get("name")
+            if isinstance(queue, str):
+                by_queue.setdefault(queue, []).append(item)
+        return by_queue
 
     # -- drain / publish -----------------------------------------------------------------
 
@@ -807,7 +824,47 @@ def _setting(q: dict[str, Any], name: str) -> tuple[Any, Any]:
     return args.get(f"x-{name}"), policy.get(name)
 
 
-def _topology(address: Address, q: dict[str, Any]) -> Topology:
+_AGE_UNITS = {"Y": 365 * 86400, "M": 30 * 86400, "D": 86400, "h": 3600, "m": 60, "s": 1}
+
+
+def _stream_age_s(value: Any) -> float | None:
+    """A stream ``x-max-age`` such as ``"7D"`` or ``"12h"`` in seconds; None if unreadable."""
+    text = str(value or "")
+    if len(text) < 2 or text[-1] not in _AGE_UNITS or not text[:-1].isdigit():
+        return None
+    return float(int(text[:-1]) * _AGE_UNITS[text[-1]])
+
+
+def _first(arg: Any, policy: Any) -> Any:
+    return arg if arg is not None else policy
+
+
+def _consumer_view(
+    q: dict[str, Any], consumers: list[dict[str, Any]]
+) -> tuple[int | None, float | None]:
+    """(largest prefetch among the queue's consumers, 0 = unbounded; the consumer timeout in
+    seconds set on a consumer, else on the queue by argument or policy). The node-wide
+    ``consumer_timeout`` is not visible through the management API, so it stays unknown."""
+    prefetches = [
+        c["prefetch_count"] for c in consumers if isinstance(c.get("prefetch_count"), int)
+    ]
+    prefetch = None
+    if prefetches:
+        prefetch = 0 if 0 in prefetches else max(prefetches)
+    timeouts: list[int] = []
+    for c in consumers:
+        value = (c.get("arguments") or {}).get("x-consumer-timeout")
+        if isinstance(value, int):
+            timeouts.append(value)
+    queue_timeout = _first(*_setting(q, "consumer-timeout"))
+    timeout_ms = max(timeouts) if timeouts else queue_timeout
+    timeout_s = timeout_ms / 1000.0 if isinstance(timeout_ms, int) and timeout_ms > 0 else None
+    return prefetch, timeout_s
+
+
+def _topology(
+    address: Address, q: dict[str, Any], consumers: list[dict[str, Any]] | None = None
+) -> Topology:
     args = q.get("arguments") or {}
     kind = q.get("type") or args.get("x-queue-type") or "classic"
     # Precedence as in RabbitMQ: a queue argument beats the policy for the DLX, the routing key,
@@ -838,6 +895,12 @@ def _topology(address: Address, q: dict[str, Any]) -> Topology:
             strategy = "at-least-once"
         else:
             strategy = "at-most-once"
+    ttl_ms = _first(*_setting(q, "message-ttl"))
+    retention_s = ttl_ms / 1000.0 if isinstance(ttl_ms, int) and ttl_ms >= 0 else None
+    if kind == "stream":
+        retention_s = _stream_age_s(_first(*_setting(q, "max-age")))
+    max_length = _first(*_setting(q, "max-length"))
+    prefetch, ack_timeout_s = _consumer_view(q, consumers or [])
     return Topology(
         address,
         exists=True,
@@ -846,6 +909,10 @@ def _topology(address: Address, q: dict[str, Any]) -> Topology:
         delivery_limit=delivery_limit,
         dead_letter_strategy=strategy,
         overflow=str(overflow) if overflow is not None else None,
+        prefetch=prefetch,
+        ack_timeout_s=ack_timeout_s,
+        retention_s=retention_s,
+        retention_count=max_length if isinstance(max_length, int) else None,
         raw={
             "arguments": args,
             "effective_policy_definition": q.get("effective_policy_definition") or {},

@@ -6,11 +6,12 @@ stream alone). Every call opens one short-lived client with ``socket_timeout`` a
 call is bounded and a refused connection fails at once.
 
 Polling is one pipeline (one round trip) of ``TIME`` + ``XINFO STREAM`` + ``XINFO GROUPS`` +
-``XINFO CONSUMERS`` for every address, plus at most one targeted pipeline (``XPENDING … - + 1``
-for groups with pending entries, ``XRANGE (last-delivered-id + COUNT 1`` where the oldest
-undelivered entry is not the stream's first). Ages use the server clock (``TIME``), so a skewed
-dashboard host does not distort them. Note that ``XINFO STREAM`` returns the first and last
-entries in full; very large entries make the poll reply larger, not longer in round trips.
+``XINFO CONSUMERS`` for every address, plus at most one targeted pipeline (``XPENDING … - +
+100`` for groups with pending entries: their idle times and delivery counts; ``XRANGE
+(last-delivered-id + COUNT 1`` where the oldest undelivered entry is not the stream's first).
+Ages use the server clock (``TIME``), so a skewed dashboard host does not distort them. Note
+that ``XINFO STREAM`` returns the first and last entries in full; very large entries make the
+poll reply larger, not longer in round trips.
 
 Dead-letter convention (what ``open_drain``/``open_publisher`` read and write). A dead-letter
 queue is itself a stream with one entry per dead letter:
@@ -60,6 +61,8 @@ from brokers.base import (
 DRAIN_GROUP = "dlo-ingest"
 DRAIN_CONSUMER = "dlo"
 BODY_FIELD = "body"
+#: How many of a group's oldest pending entries one poll reads (idle time, delivery counts).
+PENDING_SCAN = 100
 
 
 def _text(value: Any) -> str:
@@ -175,6 +178,17 @@ def _stats_from_info(
         stats.oldest_message_age_s = _age_s(first_entry_id, now_ms)
         return stats, False
     return stats, last_delivered is not None
+
+
+def _trimmed_horizon_s(summary: dict[str, Any], now_ms: int) -> float | None:
+    """Redis keeps no MAXLEN policy, but trimming is visible: once entries were deleted
+    (``max-deleted-entry-id`` past 0-0), the oldest entry left shows how far back the stream
+    really reaches. None when nothing was ever trimmed (the retention is then unknown)."""
+    deleted = _id_tuple(summary.get("max-deleted-entry-id"))
+    first = summary.get("first-entry-id")
+    if not deleted or deleted == (0, 0) or first is None:
+        return None
+    return _age_s(first, now_ms)
 
 
 class RedisStreamsAdapter(BrokerAdapter):
@@ -304,7 +318,7 @@ class RedisStreamsAdapter(BrokerAdapter):
             return 0
         pipe = client.pipeline(transaction=False)
         for address in pending:
-            pipe.xpending_range(address.name, address.group, min="-", max="+", count=1)
+            pipe.xpending_range(address.name, address.group, min="-", max="+", count=PENDING_SCAN)
         last_delivered: dict[Address, str] = {}
         for address in need_range:
             group = next(
@@ -317,9 +331,12 @@ class RedisStreamsAdapter(BrokerAdapter):
             if isinstance(result, Exception):
                 errors.append(f"{address}: XPENDING: {result}")
             elif result:
+                # The oldest pending entries: their longest idle time, and the most deliveries
+                # any of them has had (past the retry budget, nothing is claiming it away).
                 stats[address].oldest_unacked_age_s = (
-                    int(result[0]["time_since_delivered"]) / 1000.0
+                    max(int(r["time_since_delivered"]) for r in result) / 1000.0
                 )
+                stats[address].max_deliveries = max(int(r["times_delivered"]) for r in result)
         for address, result in zip(need_range, results[len(pending) :], strict=True):
             if isinstance(result, Exception):
                 errors.append(f"{address}: XRANGE: {result}")
@@ -336,7 +353,7 @@ class RedisStreamsAdapter(BrokerAdapter):
             return {}
         client = self._client()
         try:
-            _now, stream_info, group_info, _consumers = self._read_info(client, addresses)
+            now_ms, stream_info, group_info, _consumers = self._read_info(client, addresses)
         except (rexc.RedisError, OSError) as exc:
             raise _broker_error(exc, "inspect") from None
         finally:
@@ -369,6 +386,7 @@ class RedisStreamsAdapter(BrokerAdapter):
                 address=address,
                 exists=exists,
                 kind="redis-stream",
+                retention_s=_trimmed_horizon_s(summary, now_ms),
                 raw={"stream": summary, "groups": group_rows},
             )
         return topologies

@@ -7,6 +7,7 @@ from typing import Any
 from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
+from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
@@ -22,6 +23,7 @@ from channels_registry.actions import (
 )
 from channels_registry.forms import BrokerForm, ChannelForm
 from channels_registry.models import Broker, Channel
+from channels_registry.principles import SEED_DEFAULTS, describe, seed_initial
 
 
 def render_findings(findings: list[dict[str, Any]]) -> SafeString:
@@ -32,13 +34,43 @@ def render_findings(findings: list[dict[str, Any]]) -> SafeString:
         )
     items = format_html_join(
         "",
-        '<li class="finding finding-{}"><strong>{} · {}</strong> {} <em>Fix: {}</em></li>',
+        '<li class="finding finding-{}"><strong>{} · <a href="{}#{}">{} {}</a></strong> {} '
+        "<em>Fix: {}</em><br><small>Why: {}</small></li>",
         (
-            (f["severity"], f["severity"].upper(), f["principle"], f["message"], f["fix"])
-            for f in findings
+            (
+                d["severity"],
+                d["severity"].upper(),
+                reverse("principles"),
+                d["principle"],
+                d["principle"],
+                d["principle_name"],
+                d["message"],
+                d["fix"],
+                d["why"],
+            )
+            for d in map(describe, findings)
         ),
     )
     return format_html('<ul class="findings">{}</ul>', items)
+
+
+def render_preset() -> SafeString:
+    """On a blank channel form: the seeds' defaults, each explained, and a link filling them in."""
+    rows = format_html_join(
+        "",
+        "<li><strong>{}: {}</strong> — {}</li>",
+        (
+            (label, ", ".join(value) if isinstance(value, list) else value, why)
+            for _name, label, value, why in SEED_DEFAULTS
+        ),
+    )
+    return format_html(
+        '<p>Saved declarations are checked against <a href="{}">P1–P10</a>. '
+        '<a class="button" href="?preset=seeds">Start from the recommended defaults</a></p>'
+        '<ul class="seed-defaults">{}</ul>',
+        reverse("principles"),
+        rows,
+    )
 
 
 @admin.register(Broker)
@@ -121,6 +153,7 @@ class ChannelAdmin(admin.ModelAdmin):
                     "ordering_key",
                     "ordering_rationale",
                     "single_active_consumer",
+                    "partition_mechanism",
                 ]
             },
         ),
@@ -135,6 +168,7 @@ class ChannelAdmin(admin.ModelAdmin):
                     "backoff_cap_s",
                     "backoff_jitter",
                     "max_in_flight",
+                    "ack_timeout_s",
                 ]
             },
         ),
@@ -164,8 +198,14 @@ class ChannelAdmin(admin.ModelAdmin):
     @admin.display(description="Declaration checks")
     def declaration_findings(self, obj: Channel | None) -> SafeString:
         if obj is None or obj.pk is None:
-            return format_html("{}", "Saved declarations are checked against P1–P10.")
+            return render_preset()
         return render_findings(obj.findings)
+
+    def get_changeform_initial_data(self, request: HttpRequest) -> dict[str, Any]:
+        initial = super().get_changeform_initial_data(request)
+        if request.GET.get("preset") == "seeds":
+            initial = {**seed_initial(), **initial}
+        return initial
 
     def save_model(self, request: HttpRequest, obj: Channel, form: Any, change: bool) -> None:
         before = Channel.objects.get(pk=obj.pk).audit_snapshot() if change else None

@@ -1,8 +1,9 @@
 """The declaration checks: DOMAIN.md's list of violations, judged from a channel declaration.
 
-Each check returns ``Finding``s with a severity, the principle it enforces, a one-line
-explanation and the fix. ``check_channel`` runs them all; it reads only the declaration (what
-the broker really has configured is compared elsewhere, from observed topology).
+Each check returns ``Finding``s with a severity, the principle it enforces (its name and the
+finding's one-paragraph why come from ``principles.py``), a one-line explanation and the fix.
+``check_channel`` runs them all; it reads only the declaration (what the broker really has
+configured is compared elsewhere, from observed topology).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from channels_registry.models import (
     Ordering,
     Semantic,
 )
+from channels_registry.principles import describe
 
 ERROR = "error"
 WARNING = "warning"
@@ -33,7 +35,8 @@ class Finding:
     fix: str
 
     def as_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """The stored form: the fields plus the principle's name and the finding's why."""
+        return describe(dataclasses.asdict(self))
 
 
 Check = Callable[[Channel], Iterator[Finding]]
@@ -68,7 +71,9 @@ def semantic_stated(channel: Channel) -> Iterator[Finding]:
 
 @check
 def idempotency_key_declared(channel: Channel) -> Iterator[Finding]:
-    if _needs_delivery(channel) and not _has_key(channel):
+    # Processing that is idempotent by itself is the checklist's other way to absorb
+    # redeliveries (P3), so it needs no key.
+    if _needs_delivery(channel) and not _has_key(channel) and not channel.consumer_idempotent:
         yield Finding(
             "no-idempotency-key",
             ERROR,
@@ -89,15 +94,55 @@ def dedup_store_bounded(channel: Channel) -> Iterator[Finding]:
             "The dedup store has no TTL or bound: it grows forever.",
             "Set a dedup TTL longer than the broker's maximum redelivery window.",
         )
-    if channel.dedup_ttl_s and channel.retry_ttl_s and channel.dedup_ttl_s <= channel.retry_ttl_s:
+    window = redelivery_window_s(channel)
+    if channel.dedup_ttl_s and window is not None and channel.dedup_ttl_s <= window:
         yield Finding(
             "dedup-ttl-short",
-            WARNING,
+            ERROR,
             "P6",
-            f"The dedup TTL ({channel.dedup_ttl_s}s) does not outlive the retry window "
-            f"({channel.retry_ttl_s}s): a late redelivery is processed again.",
-            "Make the dedup TTL longer than the retry TTL.",
+            f"The dedup TTL ({channel.dedup_ttl_s}s) does not outlive the longest redelivery "
+            f"window the declaration implies ({window:g}s: {_window_parts(channel)}): a late "
+            "redelivery is processed again.",
+            f"Make the dedup TTL longer than {window:g}s (24 h is the usual choice).",
         )
+
+
+def _backoff_delays(channel: Channel) -> list[float]:
+    """The delay before each retry the declaration allows (capped exponential backoff)."""
+    attempts = channel.retry_max_attempts or 0
+    base = channel.backoff_base_s or 0.0
+    factor = channel.backoff_factor or 1.0
+    delays = []
+    for i in range(min(attempts, 1000)):
+        delay = base * factor**i if factor > 1 else base
+        if channel.backoff_cap_s:
+            delay = min(delay, channel.backoff_cap_s)
+        delays.append(min(delay, 10**9))
+    return delays
+
+
+def redelivery_window_s(channel: Channel) -> float | None:
+    """The longest time after the first attempt that a redelivery can still arrive: the retry
+    window (TTL, or attempts × their capped backoff, whichever is longer) plus one ack timeout.
+    None when the declaration bounds neither."""
+    delays = _backoff_delays(channel)
+    by_count = len(delays) * max(delays) if delays else None
+    spans = [v for v in (channel.retry_ttl_s, by_count) if v is not None]
+    if not spans:
+        return None
+    return float(max(spans)) + float(channel.ack_timeout_s or 0)
+
+
+def _window_parts(channel: Channel) -> str:
+    parts = []
+    if channel.retry_max_attempts:
+        delays = _backoff_delays(channel)
+        parts.append(f"{channel.retry_max_attempts} attempts × {max(delays):g}s capped backoff")
+    if channel.retry_ttl_s:
+        parts.append(f"retry TTL {channel.retry_ttl_s}s")
+    if channel.ack_timeout_s:
+        parts.append(f"+ {channel.ack_timeout_s}s ack timeout")
+    return ", ".join(parts)
 
 
 @check
@@ -123,6 +168,50 @@ def retry_budget_bounded(channel: Channel) -> Iterator[Finding]:
             "P5",
             "The retry budget is unbounded: a failing message is retried forever.",
             "Set a maximum number of attempts and/or a retry TTL, then dead-letter.",
+        )
+    strategies = channel.dlq_strategies or []
+    if DlqStrategy.TTL_BACKOFF in strategies and not channel.retry_ttl_s:
+        yield Finding(
+            "retry-ttl-missing",
+            ERROR,
+            "P5",
+            "The TTL-with-backoff strategy is declared without a retry TTL: nothing says when "
+            "retrying stops.",
+            "Declare the retry TTL (the seeds use 30 minutes).",
+        )
+    if DlqStrategy.RETRY_COUNT in strategies and not channel.retry_max_attempts:
+        yield Finding(
+            "retry-count-missing",
+            ERROR,
+            "P5",
+            "The retry-count strategy is declared without a maximum number of attempts.",
+            "Declare the maximum attempts (the seeds use 3).",
+        )
+
+
+@check
+def ack_timeout_declared(channel: Channel) -> Iterator[Finding]:
+    if _needs_delivery(channel) and not channel.ack_timeout_s:
+        yield Finding(
+            "ack-timeout-unstated",
+            WARNING,
+            "P6",
+            "No ack / processing timeout is declared: a blocked consumer holds its messages "
+            "and nothing says when they count as stuck.",
+            "Declare the ack timeout (the seeds use 30 s) and set the broker's to match.",
+        )
+    if (
+        channel.ack_timeout_s
+        and channel.retry_ttl_s
+        and channel.retry_ttl_s < channel.ack_timeout_s
+    ):
+        yield Finding(
+            "retry-window-below-ack-timeout",
+            WARNING,
+            "P6",
+            f"The retry window ({channel.retry_ttl_s}s) is shorter than the ack timeout "
+            f"({channel.ack_timeout_s}s): one hung attempt spends the whole budget.",
+            "Make the retry TTL several ack timeouts long, or shorten the ack timeout.",
         )
 
 
@@ -235,13 +324,41 @@ def poison_routed(channel: Channel) -> Iterator[Finding]:
             "Declare the poison address.",
         )
     elif _needs_delivery(channel) and not channel.poison_address:
+        # With a declared schema, schema-invalid messages are certain to occur and certain to
+        # fail every retry: routing them nowhere is an error, as a missing DLQ is.
+        has_schema = bool(channel.schema_name)
         yield Finding(
             "poison-retried",
-            WARNING,
+            ERROR if has_schema else WARNING,
             "P5",
-            "No poison queue: unparseable messages are retried until the budget runs out.",
+            "No poison queue: "
+            + ("messages failing the declared schema" if has_schema else "unparseable messages")
+            + " are retried until the budget runs out.",
             "Declare a poison address and route parse/schema failures there at once.",
         )
+    if channel.poison_address:
+        from alerts.models import RuleKey
+        from alerts.rules import enabled_rules
+
+        enabled = _alert_rules(channel, enabled_rules)
+        if RuleKey.POISON_INFLOW not in enabled and RuleKey.POISON_DEPTH not in enabled:
+            yield Finding(
+                "poison-no-alert",
+                ERROR,
+                "P10",
+                "The poison queue's inflow and depth alert rules are both disabled: poison "
+                "messages pile up silently.",
+                "Re-enable the poison inflow alert rule in the channel's alert rule overrides.",
+            )
+        elif RuleKey.POISON_INFLOW not in enabled:
+            yield Finding(
+                "poison-inflow-disabled",
+                WARNING,
+                "P10",
+                "The poison inflow alert rule is disabled: a new poison message pages nobody "
+                "while older ones are still waiting.",
+                "Re-enable the poison inflow alert rule in the channel's alert rule overrides.",
+            )
     if (
         strategies == [DlqStrategy.RETRY_COUNT]
         and channel.alert_dlq_depth is None
@@ -259,9 +376,11 @@ def poison_routed(channel: Channel) -> Iterator[Finding]:
 @check
 def mark_is_safe(channel: Channel) -> Iterator[Finding]:
     if _has_key(channel) and not channel.consumer_idempotent and not channel.mark_in_transaction:
+        # Exactly-once is only as good as this window: a separate commit is the classic
+        # double-processing bug, not a style issue.
         yield Finding(
             "mark-not-transactional",
-            WARNING,
+            ERROR if channel.semantic == Semantic.EXACTLY_ONCE else WARNING,
             "P3",
             "Processing is not idempotent and the dedup mark commits separately: a crash "
             "between them processes the message twice.",
@@ -313,6 +432,22 @@ def ordering_feasible(channel: Channel) -> Iterator[Finding]:
             "Global order is assumed while several consumers compete for messages.",
             "Enable a single active consumer, or relax the ordering to per-key.",
         )
+    if (
+        channel.ordering in (Ordering.PER_KEY, Ordering.FIFO_GROUP)
+        and channel.shared_subscription
+        and not keys_pinned(channel)
+    ):
+        yield Finding(
+            "shared-sub-breaks-order",
+            ERROR,
+            "P2",
+            f"{channel.get_ordering_display()} order is relied on while competing consumers "
+            "share one subscription: neighbouring messages of one key go to different "
+            "consumers and are processed out of order.",
+            "Pin keys to consumers (consistent-hash exchange, single active consumer, one "
+            "consumer per key range, per-subject consumers) and declare the mechanism, or "
+            "declare ordering none.",
+        )
     if channel.ordering in (Ordering.PER_KEY, Ordering.FIFO_GROUP) and not channel.ordering_key:
         yield Finding(
             "ordering-no-key",
@@ -321,6 +456,12 @@ def ordering_feasible(channel: Channel) -> Iterator[Finding]:
             "Per-key ordering is declared without naming the key.",
             "Name the ordering / partition key.",
         )
+
+
+def keys_pinned(channel: Channel) -> bool:
+    """Whether something keeps each key on one consumer: a single active consumer or a declared
+    partitioning mechanism."""
+    return bool(channel.single_active_consumer or channel.partition_mechanism)
 
 
 @check

@@ -78,6 +78,8 @@ POINT_FIELDS = (
     "dlq_age_s",
     "poison_depth",
     "exists",
+    "unacked_age_s",
+    "max_deliveries",
 )
 
 
@@ -100,6 +102,10 @@ class Point:
     dlq_age_s: float | None = None
     poison_depth: int | None = None
     exists: bool = True
+    #: Idle time of the oldest delivered-but-unacknowledged message.
+    unacked_age_s: float | None = None
+    #: Highest delivery count among pending messages (Redis XPENDING), where the broker says.
+    max_deliveries: int | None = None
 
     def as_list(self) -> list[Any]:
         return [getattr(self, name) for name in POINT_FIELDS]
@@ -118,6 +124,9 @@ class Thresholds:
     min_consumers: int | None = None
     dlq_depth: int | None = None
     oldest_age_s: int | None = None
+    #: The declared ack / processing timeout and retry budget (attempts).
+    ack_timeout_s: int | None = None
+    retry_max_attempts: int | None = None
 
     @classmethod
     def from_channel(cls, channel: Any) -> Thresholds:
@@ -127,6 +136,8 @@ class Thresholds:
             min_consumers=channel.alert_min_consumers,
             dlq_depth=channel.alert_dlq_depth,
             oldest_age_s=channel.alert_oldest_age_s,
+            ack_timeout_s=getattr(channel, "ack_timeout_s", None),
+            retry_max_attempts=channel.retry_max_attempts,
         )
 
 
@@ -276,7 +287,19 @@ def evaluate(
     lagging_hold = _over_thresholds(last, lag_s, thresholds, ratio=EXIT_RATIO)
 
     poison_enter = redelivered is not None and redelivered >= max(3, 0.2 * (delivered or 0))
-    if poison_enter or (previous == HealthState.POISONED and redelivered):
+    over_budget = (
+        thresholds.retry_max_attempts is not None
+        and last.max_deliveries is not None
+        and last.max_deliveries > thresholds.retry_max_attempts
+    )
+    if over_budget:
+        state = HealthState.POISONED
+        evidence.append(
+            f"A pending message has been delivered {fmt_int(last.max_deliveries)} times, past"
+            f" the declared retry budget of {thresholds.retry_max_attempts}: nothing claims it"
+            " into the DLQ."
+        )
+    elif poison_enter or (previous == HealthState.POISONED and redelivered):
         state = HealthState.POISONED
         evidence.append(
             f"{fmt_int(redelivered)} redeliveries in {fmt_duration(span)}"
@@ -349,6 +372,17 @@ def evaluate(
             evidence.append("Backlog unknown: the broker does not report it for this address.")
         else:
             evidence.append(f"backlog {fmt_int(backlog)}, steady")
+    if (
+        thresholds.ack_timeout_s
+        and last.unacked_age_s is not None
+        and last.unacked_age_s > thresholds.ack_timeout_s
+        and last.in_flight
+    ):
+        evidence.append(
+            f"{fmt_int(last.in_flight)} in flight; the oldest has been unacknowledged for"
+            f" {fmt_duration(last.unacked_age_s)}, past the declared"
+            f" {fmt_duration(thresholds.ack_timeout_s)} ack timeout: a consumer is blocked."
+        )
     if (
         thresholds.min_consumers is not None
         and last.active_consumers is not None

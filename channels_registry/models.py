@@ -194,6 +194,15 @@ class DedupScope(models.TextChoices):
     PER_PRODUCER = "per-producer", "Per producer"
 
 
+class PartitionMechanism(models.TextChoices):
+    """What pins each ordering key to one consumer when several consume (P2/P7)."""
+
+    NONE = "", "— none —"
+    CONSISTENT_HASH = "consistent-hash", "Consistent-hash exchange (one queue per consumer)"
+    KEY_RANGE = "key-range", "One consumer per key range (e.g. one Redis stream per shard)"
+    PER_SUBJECT = "per-subject", "Per-subject consumers (NATS subject per key)"
+
+
 class DlqStrategy(models.TextChoices):
     RETRY_COUNT = "retry-count-limit", "Retry-count limit"
     TTL_BACKOFF = "ttl-with-backoff", "TTL with backoff"
@@ -233,6 +242,13 @@ class Channel(models.Model):
     single_active_consumer = models.BooleanField(
         default=False, help_text="Only one consumer receives at a time (needed for global order)."
     )
+    partition_mechanism = models.CharField(
+        "partitioning mechanism",
+        max_length=32,
+        choices=PartitionMechanism.choices,
+        blank=True,
+        help_text="How per-key order survives several consumers (single active consumer aside).",
+    )
     # P3: idempotency.
     idempotency_source = models.CharField(
         "idempotency key location", max_length=16, choices=IdempotencySource.choices, blank=True
@@ -263,6 +279,14 @@ class Channel(models.Model):
     backoff_cap_s = models.FloatField("backoff cap (s)", null=True, blank=True)
     backoff_jitter = models.BooleanField(default=False)
     max_in_flight = models.PositiveIntegerField("max unacked / prefetch", null=True, blank=True)
+    ack_timeout_s = models.PositiveIntegerField(
+        "ack / processing timeout (s)",
+        null=True,
+        blank=True,
+        help_text="How long one attempt may hold a message unacknowledged before it counts as "
+        "stuck and is redelivered (RabbitMQ consumer_timeout, NATS ack_wait, Redis idle time "
+        "before XAUTOCLAIM).",
+    )
     # P5: dead-letter handling.
     dlq_strategies = models.JSONField("DLQ strategy", default=list, blank=True)
     dlq_address = models.CharField("DLQ address", max_length=255, blank=True)

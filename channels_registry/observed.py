@@ -9,14 +9,95 @@ from __future__ import annotations
 
 from typing import Any
 
-from channels_registry.checks import ERROR, WARNING, Finding
-from channels_registry.models import Semantic
+from channels_registry.checks import ERROR, WARNING, Finding, keys_pinned
+from channels_registry.models import Ordering, Semantic
 
 SAFE_SEMANTICS = {Semantic.AT_LEAST_ONCE, Semantic.EXACTLY_ONCE}
 
 
-def _finding(code: str, severity: str, principle: str, message: str, fix: str) -> dict[str, str]:
+def _finding(code: str, severity: str, principle: str, message: str, fix: str) -> dict[str, Any]:
     return Finding(code, severity, principle, message, fix).as_dict()
+
+
+#: Findings read from every poll's samples (not from the less frequent topology inspection).
+SAMPLE_CODES = frozenset(
+    {
+        "observed.dead-letter-missing",
+        "observed.competing-consumers",
+        "observed.pending-past-budget",
+    }
+)
+
+
+def compare_sample(
+    channel: Any,
+    *,
+    missing_dead_letter: list[str],
+    active_consumers: int | None,
+    max_deliveries: int | None = None,
+) -> list[dict[str, Any]]:
+    """Findings from one poll: declared dead-letter addresses the broker does not have,
+    competing consumers on a channel that relies on per-key order without pinning keys, and
+    pending messages delivered more often than the declared retry budget allows."""
+    findings = []
+    budget = channel.retry_max_attempts
+    if budget and max_deliveries is not None and max_deliveries > budget:
+        findings.append(
+            _finding(
+                "observed.pending-past-budget",
+                ERROR,
+                "P5",
+                f"A pending message on {channel.address_display} has been delivered"
+                f" {max_deliveries} times, past the declared retry budget of {budget}: no"
+                " reaper moves it to the dead-letter address.",
+                "Run a reaper (XAUTOCLAIM, then dead-letter by delivery count) or fix the one"
+                " that should, and align it with the declared budget.",
+            )
+        )
+    if missing_dead_letter:
+        names = ", ".join(missing_dead_letter)
+        finding = _finding(
+            "observed.dead-letter-missing",
+            ERROR,
+            "P5",
+            f"The declared dead-letter address {names} does not exist on the broker: "
+            "whatever is dead-lettered there is dropped, and nothing can be ingested.",
+            "Create the DLQ / poison queue or stream (with the routing to it), or correct "
+            "the declared address.",
+        )
+        findings.append({**finding, "addresses": list(missing_dead_letter)})
+    if (
+        channel.ordering in (Ordering.PER_KEY, Ordering.FIFO_GROUP)
+        and active_consumers is not None
+        and active_consumers > 1
+        and not keys_pinned(channel)
+    ):
+        findings.append(
+            _finding(
+                "observed.competing-consumers",
+                ERROR,
+                "P2",
+                f"{active_consumers} consumers are active on {channel.address_display}, which "
+                f"relies on {channel.get_ordering_display().lower()} order with no partitioning "
+                "mechanism: messages of one key are processed concurrently, out of order.",
+                "Run one active consumer (single active consumer), or partition the keys "
+                "(consistent-hash exchange, one consumer per key range, per-subject consumers) "
+                "and declare the mechanism.",
+            )
+        )
+    return findings
+
+
+def merge(
+    previous: list[dict[str, Any]] | None,
+    topology_findings: list[dict[str, Any]] | None,
+    sample_findings: list[dict[str, Any]],
+) -> list[dict[str, Any]]:
+    """The channel's observed findings after a poll: this poll's sample findings, plus the
+    topology findings of this poll's inspection (or, without one, the last inspection's)."""
+    if topology_findings is None:
+        topology_findings = [f for f in previous or [] if f.get("code") not in SAMPLE_CODES]
+    return sample_findings + topology_findings
 
 
 def _limited(topology: dict[str, Any]) -> bool:
@@ -37,12 +118,12 @@ def _limited(topology: dict[str, Any]) -> bool:
     return rabbit or nats
 
 
-def compare(channel: Any, topology: dict[str, Any] | None) -> list[dict[str, str]]:
+def compare(channel: Any, topology: dict[str, Any] | None) -> list[dict[str, Any]]:
     """Findings for one channel; empty when the broker agrees with the declaration (or when
     nothing was observed yet)."""
     if not topology:
         return []
-    findings: list[dict[str, str]] = []
+    findings: list[dict[str, Any]] = []
     kind = topology.get("kind")
     address = channel.address_display
     if not topology.get("exists"):
@@ -136,27 +217,101 @@ def compare(channel: Any, topology: dict[str, Any] | None) -> list[dict[str, str
                 "Recreate the consumer with ack_policy explicit.",
             )
         )
-    pending = topology.get("max_ack_pending")
-    if channel.max_in_flight and pending is not None:
-        if pending == -1 or pending <= 0:
-            findings.append(
-                _finding(
-                    "observed.unbounded-in-flight",
-                    WARNING,
-                    "P6",
-                    f"max_ack_pending is unbounded; the declaration bounds in-flight messages"
-                    f" to {channel.max_in_flight}.",
-                    f"Set max_ack_pending to {channel.max_in_flight}.",
-                )
+    findings += _in_flight(channel, topology)
+    findings += _ack_timeout(channel, topology)
+    findings += _retention(channel, topology)
+    return findings
+
+
+def _in_flight(channel: Any, topology: dict[str, Any]) -> list[dict[str, Any]]:
+    """P6: the broker's bound on unacknowledged messages (JetStream max_ack_pending, RabbitMQ
+    consumer prefetch) against the declared one."""
+    pending, noun = topology.get("max_ack_pending"), "max_ack_pending"
+    if pending is None:
+        pending, noun = topology.get("prefetch"), "the consumers' prefetch"
+    if not channel.max_in_flight or pending is None:
+        return []
+    if pending == -1 or pending <= 0:
+        return [
+            _finding(
+                "observed.unbounded-in-flight",
+                WARNING,
+                "P6",
+                f"{noun[0].upper()}{noun[1:]} is unbounded; the declaration bounds in-flight"
+                f" messages to {channel.max_in_flight}.",
+                f"Set {noun} to {channel.max_in_flight}.",
             )
-        elif pending > channel.max_in_flight:
-            findings.append(
-                _finding(
-                    "observed.in-flight-above-declared",
-                    WARNING,
-                    "P6",
-                    f"max_ack_pending is {pending}, above the declared {channel.max_in_flight}.",
-                    f"Set max_ack_pending to {channel.max_in_flight}.",
-                )
+        ]
+    if pending > channel.max_in_flight:
+        return [
+            _finding(
+                "observed.in-flight-above-declared",
+                WARNING,
+                "P6",
+                f"{noun[0].upper()}{noun[1:]} is {pending}, above the declared"
+                f" {channel.max_in_flight}.",
+                f"Set {noun} to {channel.max_in_flight}.",
             )
+        ]
+    return []
+
+
+def _ack_timeout(channel: Any, topology: dict[str, Any]) -> list[dict[str, Any]]:
+    """P6: the broker's ack timeout (RabbitMQ consumer timeout, JetStream ack_wait) against
+    the declared one."""
+    observed_s = topology.get("ack_timeout_s")
+    declared = channel.ack_timeout_s
+    if not declared or observed_s is None or abs(observed_s - declared) < 1:
+        return []
+    noun = "ack_wait" if topology.get("kind") == "jetstream" else "consumer timeout"
+    effect = (
+        "slow but healthy attempts are cut off and redelivered"
+        if observed_s < declared
+        else "a blocked consumer holds its messages longer than declared"
+    )
+    return [
+        _finding(
+            "observed.ack-timeout-mismatch",
+            WARNING,
+            "P6",
+            f"The broker's {noun} is {observed_s:g}s; the declared ack timeout is {declared}s:"
+            f" {effect}.",
+            f"Set the {noun} to {declared}s, or correct the declaration.",
+        )
+    ]
+
+
+def _retention(channel: Any, topology: dict[str, Any]) -> list[dict[str, Any]]:
+    """P8: what the broker keeps (message TTL, stream max age, visible trimming, length
+    limits) against the declared retention."""
+    declared = channel.retention_s
+    if not declared:
+        return []
+    findings = []
+    kept = topology.get("retention_s")
+    if kept is not None and kept < declared:
+        findings.append(
+            _finding(
+                "observed.retention-shorter",
+                WARNING,
+                "P8",
+                f"The broker keeps messages for {kept:g}s; the declared retention is"
+                f" {declared}s: replay and investigation lose the difference.",
+                "Raise the broker's message TTL / max age / trimming, or correct the"
+                " declared retention.",
+            )
+        )
+    count = topology.get("retention_count")
+    if count is not None:
+        findings.append(
+            _finding(
+                "observed.retention-by-count",
+                WARNING,
+                "P8",
+                f"The broker keeps at most {count:,} messages, so under load the declared"
+                f" {declared}s retention is not kept.",
+                "Size the length limit for the declared window at peak rate, or declare the"
+                " retention the limit really gives.",
+            )
+        )
     return findings

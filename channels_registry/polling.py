@@ -150,6 +150,19 @@ def dead_letter_depth(
     return None, None
 
 
+def missing_dead_letters(
+    addresses: ChannelAddresses, stats: dict[Address, ChannelStats]
+) -> list[str]:
+    """Declared DLQ / poison addresses that the broker says do not exist (every form of the
+    address sampled, so a Redis stream without the drain group yet is not "missing")."""
+    missing = []
+    for group in (addresses.dlq, addresses.poison):
+        samples = [stats.get(a) for a in group]
+        if group and all(s is not None and not s.exists for s in samples):
+            missing.append(group[0].name)
+    return missing
+
+
 def _lease_length() -> dt.timedelta:
     return dt.timedelta(seconds=max(60.0, 6 * float(settings.DLO_BROKER_TIMEOUT_S)))
 
@@ -380,12 +393,27 @@ def _store(
             row.last_sample_at = now
             row.spark = _spark(row.spark or [], minute, sample.backlog)
             _apply(row, assessment, now)
+            topology_findings = None
             if topology is not None:
                 found = topology.get(addresses[channel.pk].main)
                 if found is not None:
                     row.observed = _topology_dict(found)
-                    row.observed_findings = observed.compare(channel, row.observed)
+                    topology_findings = observed.compare(channel, row.observed)
                     row.observed_at = now
+            row.observed_findings = observed.merge(
+                row.observed_findings,
+                topology_findings,
+                observed.compare_sample(
+                    channel,
+                    missing_dead_letter=missing_dead_letters(addresses[channel.pk], result.stats),
+                    active_consumers=(
+                        sample.consumers
+                        if sample.active_consumers is None
+                        else sample.active_consumers
+                    ),
+                    max_deliveries=point.max_deliveries,
+                ),
+            )
         rows.append(row)
         if _display_key(row) != before:
             changed.append(channel.pk)
@@ -557,6 +585,8 @@ def _sample(
         dlq_age_s=dlq_age,
         poison_depth=poison_depth,
         exists=stats is None or stats.exists,
+        unacked_age_s=sample.oldest_unacked_age_s,
+        max_deliveries=s.max_deliveries if s else None,
     )
     return sample, point
 

@@ -14,6 +14,7 @@ from django.views.decorators.http import require_GET
 from channels_registry.access import channels_for_user, get_channel_for_user
 from channels_registry.charts import channel_charts
 from channels_registry.models import Broker, Channel
+from channels_registry.principles import PRINCIPLES, SEED_DEFAULTS
 from dashboard.http import HtmxHttpRequest
 
 
@@ -47,6 +48,17 @@ def channel_list(request: HtmxHttpRequest) -> HttpResponse:
     if request.htmx:
         template += "#results"
     return render(request, template, context)
+
+
+@require_GET
+def principles(request: HtmxHttpRequest) -> HttpResponse:
+    """The glossary of P1–P10 that every finding links to, and the seeds' defaults."""
+    defaults = [
+        (name, label, ", ".join(value) if isinstance(value, list) else value, why)
+        for name, label, value, why in SEED_DEFAULTS
+    ]
+    context = {"principles": PRINCIPLES.values(), "seed_defaults": defaults}
+    return render(request, "channels_registry/principles.html", context)
 
 
 @require_GET

@@ -135,6 +135,7 @@ GOOD_CONTRACT: dict[str, Any] = {
     "backoff_cap_s": 60.0,
     "backoff_jitter": True,
     "max_in_flight": 50,
+    "ack_timeout_s": 30,
     "dlq_strategies": ["ttl-with-backoff", "poison-queue", "dlq-alert"],
     "dlq_address": "orders.dlq",
     "poison_address": "orders.poison",

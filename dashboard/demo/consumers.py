@@ -157,6 +157,9 @@ class RetryPolicy:
     base_s: float = 0.5
     factor: float = 2.0
     cap_s: float = 4.0
+    #: The declared retry window (``retry_ttl_s``): past it a transient failure dead-letters
+    #: even with attempts left. None: bounded by the attempts alone.
+    ttl_s: float | None = None
 
     @classmethod
     def from_declaration(cls, channel: Any) -> RetryPolicy:
@@ -165,7 +168,11 @@ class RetryPolicy:
             base_s=float(channel.backoff_base_s or cls.base_s),
             factor=float(channel.backoff_factor or cls.factor),
             cap_s=float(channel.backoff_cap_s or cls.cap_s),
+            ttl_s=float(channel.retry_ttl_s) if channel.retry_ttl_s else None,
         )
+
+    def window_spent(self, first_attempt_at: float, now: float) -> bool:
+        return self.ttl_s is not None and now - first_attempt_at >= self.ttl_s
 
     def delay_s(self, retry: int, jitter: float) -> float:
         """Delay before retry number ``retry`` (1 = the first retry); see ``backoff_delay``."""
@@ -274,6 +281,16 @@ class Ledger:
         self.amount += float(order["amount"])
 
 
+FIRST_ATTEMPT_HEADER = "x-first-attempt-at"
+
+
+def _float_header(headers: dict[str, str], name: str, *, default: float) -> float:
+    try:
+        return float(headers.get(name, default))
+    except ValueError:
+        return default
+
+
 class ReferenceConsumer:
     """The idempotent consumer (see the module docstring for the steps)."""
 
@@ -315,7 +332,12 @@ class ReferenceConsumer:
         except PermanentFailure as exc:
             return self._dead_letter(delivery, exc, "permanent-failure", exhausted=False)
         except TransientFailure as exc:
-            # 5. Retry within the budget, else dead-letter.
+            # 5. Retry within the budget (attempts and the declared retry window), else
+            #    dead-letter. The first attempt's time travels with the retries.
+            now = self.clock()
+            first = _float_header(delivery.headers, FIRST_ATTEMPT_HEADER, default=now)
+            if self.policy.window_spent(first, now):
+                return self._dead_letter(delivery, exc, "retry-window-exhausted", exhausted=True)
             if delivery.attempt < self.policy.max_attempts:
                 delay = self.policy.delay_s(
                     delivery.attempt, jitter_fraction(key, delivery.attempt)
@@ -324,6 +346,7 @@ class ReferenceConsumer:
                     **delivery.headers,
                     "x-retry-count": str(delivery.attempt),
                     "x-last-error-class": exc.error_class,
+                    FIRST_ATTEMPT_HEADER: f"{first:.3f}",
                 }
                 return Decision(Route.RETRY, delay_s=delay, headers=headers, reason=str(exc))
             return self._dead_letter(delivery, exc, "retry-budget-exhausted", exhausted=True)

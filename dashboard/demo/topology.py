@@ -212,6 +212,7 @@ def contract(names: Names) -> dict[str, Any]:
         "backoff_cap_s": 4.0,
         "backoff_jitter": True,
         "max_in_flight": PREFETCH,
+        "ack_timeout_s": 30,
         "dlq_strategies": ["ttl-with-backoff", "poison-queue", "dlq-alert"],
         "dlq_address": names.dlq,
         "poison_address": names.poison,

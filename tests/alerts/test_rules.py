@@ -105,6 +105,8 @@ def test_default_rules_follow_the_declaration() -> None:
         "dlq-depth",
         "dlq-age",
         "poison-inflow",
+        "poison-depth",
+        "dead-letter-missing",
         "backlog",
         "lag",
         "message-age",

@@ -159,7 +159,7 @@ def test_check_validates_without_writing(
     risky = GOOD_FILE.replace("    alert_dlq_depth: 0\n", "")
     with pytest.raises(CommandError, match="declaration checks found errors"):
         call_command("registry", "import", "--check", write(tmp_path, risky))
-    assert "orders: error P10 dlq-no-alert" in capsys.readouterr().out
+    assert "orders: error P10 (Messaging is observable) dlq-no-alert" in capsys.readouterr().out
     assert not Channel.objects.exists()
 
 

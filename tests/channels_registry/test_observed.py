@@ -21,7 +21,7 @@ def test_observed_findings_have_the_declaration_checks_shape() -> None:
     assert findings, "a missing address is a finding"
     fields = [f.name for f in dataclasses.fields(checks.Finding)]
     for finding in findings:
-        assert list(finding) == fields
+        assert list(finding) == [*fields, "principle_name", "why"]
         assert finding["severity"] in (checks.ERROR, checks.WARNING)
 
 

@@ -125,7 +125,9 @@ def test_rabbitmq_consumer_stopping_turns_channel_stopped(amqp: Any, rabbit_brok
 def test_rabbitmq_missing_queue_is_unknown_and_flagged_as_observed(
     amqp: Any, rabbit_broker: Any
 ) -> None:
-    channel = make_channel(rabbit_broker, address=_name("dlo-missing"), dlq_address="")
+    channel = make_channel(
+        rabbit_broker, address=_name("dlo-missing"), dlq_address="", poison_address=""
+    )
     do_poll_broker(rabbit_broker.pk)
     sample = ChannelSample.objects.get(channel=channel)
     assert sample.exists is False and sample.backlog is None
@@ -169,7 +171,11 @@ def test_rabbitmq_quorum_topology_findings(amqp: Any, rabbit_broker: Any) -> Non
     do_poll_broker(rabbit_broker.pk)
     health = ChannelHealth.objects.get(channel=channel)
     codes = {f["code"] for f in health.observed_findings}
-    assert codes == {"observed.retry-budget-mismatch", "observed.at-most-once-dead-lettering"}
+    assert codes == {
+        "observed.retry-budget-mismatch",
+        "observed.at-most-once-dead-lettering",
+        "observed.dead-letter-missing",  # orders.dlq and orders.poison are not declared
+    }
     mismatch = next(f for f in health.observed_findings if "retry" in f["code"])
     assert mismatch["message"] == (
         "The broker's delivery-limit is 3; the declared retry budget is 5."
@@ -429,7 +435,11 @@ def test_nats_poll_samples_pending_and_ack_pending(nats_stream: str) -> None:
     assert (sample.delivered, sample.acked) == (2, 0)
     health = ChannelHealth.objects.get(channel=channel)
     codes = {f["code"] for f in health.observed_findings}
-    assert codes == {"observed.retry-budget-mismatch", "observed.in-flight-above-declared"}
+    assert codes == {
+        "observed.retry-budget-mismatch",
+        "observed.in-flight-above-declared",
+        "observed.ack-timeout-mismatch",  # ack_wait 300 s, declared 30 s
+    }
     assert health.observed["ack_policy"] == "explicit"
 
 

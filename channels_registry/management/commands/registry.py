@@ -16,6 +16,7 @@ from channels_registry.declarations import (
     export_registry,
     import_registry,
 )
+from channels_registry.principles import describe
 
 
 class Command(BaseCommand):
@@ -68,9 +69,10 @@ class Command(BaseCommand):
                 f"{len(exc.problems)} problem(s) in {name}; nothing was imported."
             ) from None
         for slug, findings in report.findings.items():
-            for f in findings:
+            for f in map(describe, findings):
                 self.stdout.write(
-                    f"{slug}: {f['severity']} {f['principle']} {f['code']}: {f['message']}"
+                    f"{slug}: {f['severity']} {f['principle']} ({f['principle_name']})"
+                    f" {f['code']}: {f['message']}"
                 )
         verb = "would import" if options["check"] else "imported"
         self.stdout.write(
