@@ -5,7 +5,8 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import json
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from django.conf import settings
@@ -14,7 +15,16 @@ from django.db import connection, models, transaction
 from django.http import HttpRequest
 from django.utils import timezone
 
-from audit.chain import GENESIS, VerifyResult, canonical_time, compute_hash, verify_events
+from audit import sealer
+from audit.chain import (
+    DETAIL_FIELDS,
+    INDEX_COLUMNS,
+    INDEX_FIELDS,
+    UnrecordableValue,
+    VerifyResult,
+    canonical_json,
+    canonical_time,
+)
 from audit.models import AuditEvent, AuditHead, ChainVerification, Outcome
 
 
@@ -44,16 +54,36 @@ class Actor:
 
 
 def _clean(value: Any) -> Any:
-    """JSON-normal form of ``value`` exactly as the database will give it back, with NUL
-    characters (which PostgreSQL text and jsonb refuse) replaced."""
+    """JSON-normal form of ``value`` (Django's encoder for dates, decimals, UUIDs), with the
+    characters PostgreSQL text and jsonb refuse (NUL, lone surrogates) replaced by U+FFFD.
+    NaN and Infinity are refused (``UnrecordableValue``): they have no JSON form."""
     if value is None:
         return None
-    text = json.dumps(value, cls=DjangoJSONEncoder, sort_keys=True)
-    return json.loads(text.replace("\\u0000", "\\ufffd"))
+    try:
+        text = json.dumps(value, cls=DjangoJSONEncoder, allow_nan=False)
+        return _scrub(json.loads(text))
+    except RecursionError:
+        raise UnrecordableValue("not recordable: the value is nested too deeply") from None
+    except ValueError as exc:
+        raise UnrecordableValue(f"not recordable: {exc} (NaN and Infinity are refused)") from None
+
+
+def _scrub(value: Any) -> Any:
+    if isinstance(value, str):
+        return _text(value)
+    if isinstance(value, list):
+        return [_scrub(item) for item in value]
+    if isinstance(value, dict):
+        return {_text(key): _scrub(item) for key, item in value.items()}
+    return value
 
 
 def _text(value: str, limit: int | None = None) -> str:
     value = value.replace("\x00", "\ufffd")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate: no UTF-8 form to store or hash
+        value = value.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
     return value[:limit] if limit else value
 
 
@@ -67,21 +97,18 @@ def diff(before: Mapping[str, Any] | None, after: Mapping[str, Any] | None) -> d
     }
 
 
-def _lock_head() -> AuditHead:
-    """Lock the chain's head row, creating it first if it is missing (the migration creates
-    it; a wiped table does not have it). ``ignore_conflicts`` makes concurrent first writers
-    agree on one row instead of failing on its primary key."""
-    head = AuditHead.objects.select_for_update().filter(pk=1).first()
-    if head is None:
-        AuditHead.objects.bulk_create([AuditHead(pk=1, seq=0, hash="")], ignore_conflicts=True)
-        head = AuditHead.objects.select_for_update().get(pk=1)
-    return head
+def _plan_of(target_type: str, target_id: str, after: Any) -> str:
+    """The replay/discard plan an event belongs to, for the ``plan`` filter: the plan itself,
+    or the ``plan`` its per-entry events name in ``after``."""
+    if target_type == "dlq.replayplan":
+        return target_id
+    if isinstance(after, dict) and isinstance(after.get("plan"), int | str):
+        return _text(str(after["plan"]), 64)
+    return ""
 
 
 def _event_fields(
     *,
-    seq: int,
-    prev_hash: str,
     now: dt.datetime,
     actor: Actor,
     action: str,
@@ -95,30 +122,39 @@ def _event_fields(
     changes: Mapping[str, Any] | None,
     outcome: str,
 ) -> dict[str, Any]:
-    """The one builder of an event's stored fields, ``hash`` included, for ``record`` and
-    ``record_many``: values truncated and cleaned as the database will give them back, hashed
-    over exactly what ``AuditEvent.canonical_fields()`` returns for the saved row."""
-    fields: dict[str, Any] = {
-        "seq": seq,
-        "created_at": canonical_time(now),
+    """The one builder of an unsealed event's stored fields, for ``record`` and
+    ``record_many``: values truncated and cleaned, then the two canonical texts that are hashed
+    (``index_json``, ``detail_json``) and, from the same cleaned values, the columns that are
+    searched and displayed (copies that ``audit verify`` checks against the texts)."""
+    columns: dict[str, Any] = {
+        "created_at": now,
         "actor_id": actor.user_id,
         "actor_username": _text(actor.username, 150),
         "source_ip": actor.ip,
-        "action": action,
+        "action": _text(action, 64),
         "target_type": _text(target_type, 64),
         "target_id": _text(str(target_id), 64),
         "target_repr": _text(target_repr, 300),
-        "channel_slug": channel_slug,
+        "channel_slug": _text(channel_slug, 100),
         "reason": _text(reason),
         "before": _clean(before),
         "after": _clean(after),
         "changes": _clean(changes),
-        "outcome": outcome,
-        "prev_hash": prev_hash,
+        "outcome": _text(outcome, 16),
     }
-    fields["hash"] = compute_hash(fields)
-    fields["created_at"] = now
-    return fields
+    columns["plan_id"] = _plan_of(columns["target_type"], columns["target_id"], columns["after"])
+    index = {field: columns[INDEX_COLUMNS.get(field, field)] for field in INDEX_FIELDS}
+    index["created_at"] = canonical_time(now)
+    detail = {field: columns[field] for field in DETAIL_FIELDS}
+    columns.update(
+        hash_version=2,
+        index_json=canonical_json(index),
+        detail_json=canonical_json(detail),
+        seq=None,
+        prev_hash="",
+        hash=None,
+    )
+    return columns
 
 
 def record(
@@ -135,60 +171,69 @@ def record(
     after: Mapping[str, Any] | None = None,
     outcome: str = Outcome.SUCCESS,
 ) -> AuditEvent:
-    """Append one event to the chain, inside the caller's transaction.
-
-    1. Lock the head row (``SELECT … FOR UPDATE``; SQLite transactions are IMMEDIATE), so
-       concurrent writers queue and the chain cannot fork.
-    2. Build the event on top of the head's (seq, hash), hash it, insert it.
-    3. Move the head. If the caller's transaction rolls back, all three vanish together.
-    """
+    """Append one event to the log, inside the caller's transaction, without waiting on any
+    other writer: the event is inserted *unsealed* (no ``seq`` or ``hash`` yet) and the sealer
+    gives it its place in the chain within seconds of the commit (``audit.sealer``). If the
+    caller's transaction rolls back, the event vanishes with it. Raises ``UnrecordableValue``
+    for NaN or Infinity in ``before``/``after``."""
     if target is not None:
         target_type = target_type or target._meta.label_lower
         target_id = target_id or str(target.pk)
         target_repr = target_repr or str(target)
+    changes = diff(before, after) if before is not None and after is not None else None
+    fields = _event_fields(
+        now=timezone.now(),
+        actor=actor,
+        action=action,
+        target_type=target_type,
+        target_id=target_id,
+        target_repr=target_repr,
+        channel_slug=channel_slug,
+        reason=reason,
+        before=before,
+        after=after,
+        changes=changes,
+        outcome=outcome,
+    )
     with transaction.atomic():
-        head = _lock_head()
-        changes = diff(before, after) if before is not None and after is not None else None
-        fields = _event_fields(
-            seq=head.seq + 1,
-            prev_hash=head.hash or GENESIS,
-            now=timezone.now(),
-            actor=actor,
-            action=action,
-            target_type=target_type,
-            target_id=target_id,
-            target_repr=target_repr,
-            channel_slug=channel_slug,
-            reason=reason,
-            before=before,
-            after=after,
-            changes=changes,
-            outcome=outcome,
-        )
         event = AuditEvent(**fields)
         event.save(force_insert=True)
-        AuditHead.objects.filter(pk=1).update(seq=event.seq, hash=event.hash)
+        sealer.after_record(event)
     return event
 
 
-def _stored_events() -> Iterator[dict[str, Any]]:
-    fields = [f.name for f in AuditEvent._meta.concrete_fields if f.name != "id"]
-    for row in AuditEvent.objects.order_by("seq").values(*fields).iterator(chunk_size=5000):
-        row["created_at"] = canonical_time(row["created_at"])
-        yield row
+def verify_chain(
+    *, checkpoint_dir: str | Path | None = None, public_keys: list[str] | None = None
+) -> VerifyResult:
+    """Walk the sealed log from #1 to the head (constant memory), and against the signed
+    checkpoints in ``checkpoint_dir`` when given (see ``audit.verify``)."""
+    from audit.verify import verify_log
+
+    return verify_log(checkpoint_dir=checkpoint_dir, public_keys=public_keys)
 
 
-def verify_chain() -> VerifyResult:
-    """Walk the stored chain from #1 to the recorded head (constant memory)."""
-    head = AuditHead.objects.filter(pk=1).first()
-    expected = (head.seq, head.hash) if head and head.seq else None
-    return verify_events(_stored_events(), expected_head=expected)
-
-
-def do_verify_chain(actor: Actor) -> ChainVerification:
-    """Verify the chain, keep the result for the audit page, and audit the verification."""
+def do_verify_chain(
+    actor: Actor,
+    *,
+    checkpoint_dir: str | Path | None = None,
+    public_keys: list[str] | None = None,
+) -> ChainVerification:
+    """Verify the log (against the configured checkpoint directory unless another is given),
+    keep the result for the audit page, and audit the verification."""
+    if checkpoint_dir is None and settings.DLO_AUDIT_CHECKPOINT_DIR:
+        checkpoint_dir = settings.DLO_AUDIT_CHECKPOINT_DIR
     started = ChainVerification.objects.create()
-    result = verify_chain()
+    try:
+        result = verify_chain(checkpoint_dir=checkpoint_dir, public_keys=public_keys)
+    except (OSError, ValueError) as exc:  # an unreadable key or directory: say so, no trace
+        result = VerifyResult(False, 0, None, "", None, f"cannot verify: {exc}")
+    unsealed = sealer.unsealed_status()
+    if unsealed["count"]:
+        result.notes.append(
+            f"{unsealed['count']} newer events are not sealed yet (oldest "
+            f"{unsealed['oldest_age_s']:.0f} s): they join the chain within seconds and are "
+            "not covered by this verification"
+        )
     with transaction.atomic():
         ChainVerification.objects.filter(pk=started.pk).update(
             finished_at=timezone.now(),
@@ -197,7 +242,11 @@ def do_verify_chain(actor: Actor) -> ChainVerification:
             head_seq=result.head_seq,
             head_hash=result.head_hash,
             first_bad_seq=result.first_bad_seq,
-            problem=result.problem,
+            problem=result.summary()
+            if not result.ok and result.first_bad_seq is None
+            else result.problem,
+            checkpoints_matched=result.checkpoints_matched,
+            notes="\n".join(result.notes),
         )
         record(
             "audit.verify",
@@ -238,16 +287,18 @@ def do_request_chain_verification(actor: Actor) -> bool:
 
 
 @transaction.atomic
-def do_record_export(actor: Actor, *, fmt: str, filters: Mapping[str, str]) -> AuditEvent:
-    """Audit an export before it streams. The export then covers the matching events *before*
-    this one (``seq < event.seq``), a fixed range however long the download takes."""
-    return record(
+def do_record_export(actor: Actor, *, fmt: str, filters: Mapping[str, str]) -> int:
+    """Audit an export before it streams, and return the last seq it covers: the head sealed
+    before this event was recorded, a fixed range however long the download takes."""
+    head = AuditHead.objects.filter(pk=1).values_list("seq", flat=True).first() or 0
+    record(
         "audit.export",
         actor=actor,
         target_type="audit.trail",
         target_repr=f"{fmt} export",
-        after={"format": fmt, "filters": dict(filters)},
+        after={"format": fmt, "filters": dict(filters), "up_to_seq": head},
     )
+    return head
 
 
 @dataclasses.dataclass(frozen=True)
@@ -265,42 +316,37 @@ class EventSpec:
 
 
 def record_many(specs: list[EventSpec], *, actor: Actor) -> int:
-    """Append many events to the chain in one go, inside the caller's transaction: the same
-    chain as ``record`` (one locked head, contiguous seqs, each hash over the previous), but
-    one bulk INSERT instead of three statements per event. For per-entry events of bulk actions
-    (a replay batch writes one outcome per entry). Returns the number written."""
+    """Append many events in one go, inside the caller's transaction: the same unsealed events
+    as ``record`` (sealed in the order given), but one bulk INSERT (``COPY`` on PostgreSQL)
+    instead of one statement per event, and no lock shared with other writers. For per-entry
+    events of bulk actions (a replay batch writes one outcome per entry). Returns the number
+    written."""
     if not specs:
         return 0
+    now = timezone.now()
+    rows = [
+        _event_fields(
+            now=now,
+            actor=actor,
+            action=spec.action,
+            target_type=spec.target_type,
+            target_id=spec.target_id,
+            target_repr=spec.target_repr,
+            channel_slug=spec.channel_slug,
+            reason=spec.reason,
+            before=None,
+            after=spec.after,
+            changes=None,
+            outcome=spec.outcome,
+        )
+        for spec in specs
+    ]
     with transaction.atomic():
-        head = _lock_head()
-        seq, prev = head.seq, head.hash or GENESIS
-        now = timezone.now()
-        rows = []
-        for spec in specs:
-            seq += 1
-            fields = _event_fields(
-                seq=seq,
-                prev_hash=prev,
-                now=now,
-                actor=actor,
-                action=spec.action,
-                target_type=spec.target_type,
-                target_id=spec.target_id,
-                target_repr=spec.target_repr,
-                channel_slug=spec.channel_slug,
-                reason=spec.reason,
-                before=None,
-                after=spec.after,
-                changes=None,
-                outcome=spec.outcome,
-            )
-            prev = fields["hash"]
-            rows.append(fields)
         if connection.vendor == "postgresql":
             _copy_events(rows)
         else:
             AuditEvent.objects.bulk_create((AuditEvent(**r) for r in rows), batch_size=500)
-        AuditHead.objects.filter(pk=1).update(seq=seq, hash=prev)
+        sealer.after_record(None)
     return len(rows)
 
 

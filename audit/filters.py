@@ -27,6 +27,7 @@ FILTER_NAMES = (
     "target_id",
     "channel",
     "outcome",
+    "plan",
     "since",
     "until",
 )
@@ -38,6 +39,7 @@ _LOOKUPS = {
     "target_id": "target_id",
     "channel": "channel_slug",
     "outcome": "outcome",
+    "plan": "plan_id",
     "since": "created_at__gte",
     "until": "created_at__lt",
 }
@@ -58,6 +60,7 @@ class AuditFilterForm(forms.Form):
     outcome = forms.ChoiceField(
         choices=[("", "Any outcome"), *Outcome.choices], required=False, label="Outcome"
     )
+    plan = forms.CharField(max_length=64, required=False, label="Plan")
     since = forms.DateTimeField(required=False, label="From")
     until = forms.DateTimeField(required=False, label="Until")
     before = forms.IntegerField(min_value=1, required=False, label="Older than seq")

@@ -14,10 +14,16 @@ class Outcome(models.TextChoices):
 
 
 class AuditEvent(models.Model):
-    """One recorded action. Rows are never updated or deleted (database triggers refuse it);
-    ``hash`` chains each row to the one before, so an edit anywhere is detectable."""
+    """One recorded action. An action inserts it *unsealed* (``seq`` and ``hash`` null); the
+    sealer then gives it its place in the log (``seq``, ``prev_hash``, ``hash``) once. Database
+    triggers refuse every other update, and every delete.
 
-    seq = models.BigIntegerField(unique=True)
+    Format 2 (``hash_version=2``): ``index_json`` and ``detail_json`` are the canonical texts
+    that were hashed, stored verbatim; the other content columns are copies for searching and
+    display, which ``audit verify`` checks against them. Format 1 rows (before the re-anchor)
+    hash their columns directly (see ``audit.chain``)."""
+
+    seq = models.BigIntegerField(unique=True, null=True, blank=True)
     created_at = models.DateTimeField(db_index=True)
     actor_id = models.BigIntegerField(null=True, blank=True)
     actor_username = models.CharField(max_length=150, blank=True)
@@ -32,8 +38,12 @@ class AuditEvent(models.Model):
     after = models.JSONField(null=True, blank=True)
     changes = models.JSONField(null=True, blank=True)
     outcome = models.CharField(max_length=16, choices=Outcome.choices, default=Outcome.SUCCESS)
-    prev_hash = models.CharField(max_length=64)
-    hash = models.CharField(max_length=64, unique=True)
+    plan_id = models.CharField(max_length=64, blank=True)
+    prev_hash = models.CharField(max_length=64, blank=True)
+    hash = models.CharField(max_length=64, unique=True, null=True, blank=True)
+    hash_version = models.PositiveSmallIntegerField(default=2)
+    index_json = models.TextField(blank=True)
+    detail_json = models.TextField(blank=True)
 
     class Meta:
         ordering = ["seq"]
@@ -43,6 +53,11 @@ class AuditEvent(models.Model):
             # "outcome=denied" is rare and what a review looks for: without this, a page of
             # it walks the whole trail backwards (~120 ms at 1,000,000 events on PostgreSQL).
             models.Index(fields=["outcome", "seq"], name="audit_outcome_seq"),
+            models.Index(fields=["plan_id", "seq"], name="audit_plan_seq"),
+            # What the sealer reads: the few rows not sealed yet, in arrival order.
+            models.Index(
+                fields=["id"], condition=models.Q(seq__isnull=True), name="audit_unsealed"
+            ),
         ]
         permissions = [
             ("export_auditevent", "Can export the audit trail"),
@@ -76,12 +91,21 @@ class AuditEvent(models.Model):
 
 
 class AuditHead(models.Model):
-    """The last (seq, hash) written, updated in the same transaction as each event. Lets the
-    verifier notice a truncated tail, which a chain alone cannot show."""
+    """The sealer's state: the last (seq, hash) sealed and the Merkle tree's right edge, moved
+    in the same transaction as each sealed batch (its row lock makes the sealer single). Also
+    the last checkpoint written and the last checkpoint failure, for the page and /metrics."""
 
     id = models.PositiveSmallIntegerField(primary_key=True, default=1)
     seq = models.BigIntegerField(default=0)
     hash = models.CharField(max_length=64, blank=True)
+    frontier = models.TextField(blank=True)
+    sealed_at = models.DateTimeField(null=True, blank=True)
+    checkpoint_number = models.BigIntegerField(default=0)
+    checkpoint_tree_size = models.BigIntegerField(default=0)
+    checkpoint_root = models.CharField(max_length=64, blank=True)
+    checkpoint_at = models.DateTimeField(null=True, blank=True)
+    checkpoint_error = models.TextField(blank=True)
+    checkpoint_error_at = models.DateTimeField(null=True, blank=True)
 
     def __str__(self) -> str:
         return f"head #{self.seq}"
@@ -98,6 +122,8 @@ class ChainVerification(models.Model):
     head_hash = models.CharField(max_length=64, blank=True)
     first_bad_seq = models.BigIntegerField(null=True, blank=True)
     problem = models.TextField(blank=True)
+    checkpoints_matched = models.BigIntegerField(default=0)
+    notes = models.TextField(blank=True)
 
     class Meta:
         ordering = ["-started_at"]

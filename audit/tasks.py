@@ -12,3 +12,24 @@ def verify_audit_chain_task() -> dict[str, object]:
     """Walk the chain (a million events take a while: never inside a web request)."""
     result = do_verify_chain(Actor.system("audit-verifier"))
     return {"ok": result.ok, "events": result.events, "first_bad_seq": result.first_bad_seq}
+
+
+@shared_task(ignore_result=True)
+def seal_audit_events_task() -> int:
+    """Seal what no process's sealer thread did (a process that died right after commit)."""
+    from audit.sealer import seal
+
+    return seal()
+
+
+@shared_task(ignore_result=True)
+def write_audit_checkpoint_task() -> int:
+    """The minute's signed checkpoint (nothing when the log did not grow). A failure is kept
+    for the audit page, /metrics and the alert; recording is never affected."""
+    from audit.checkpoints import CheckpointError, write_checkpoint
+
+    try:
+        checkpoint = write_checkpoint()
+    except CheckpointError:
+        return 0
+    return checkpoint.number if checkpoint else 0

@@ -114,9 +114,9 @@ def export(request: HtmxHttpRequest, fmt: str) -> HttpResponse | StreamingHttpRe
         return HttpResponseBadRequest(
             "Invalid filters: " + form.errors.as_text(), content_type="text/plain"
         )
-    recorded = do_record_export(Actor.from_request(request), fmt=fmt, filters=form.active())
-    pieces = chunks(form.apply(events).filter(seq__lt=recorded.seq), fmt)
-    filename = f"audit-{timezone.now():%Y%m%dT%H%M%SZ}-{recorded.seq - 1}.{fmt}"
+    upto = do_record_export(Actor.from_request(request), fmt=fmt, filters=form.active())
+    pieces = chunks(form.apply(events).filter(seq__lte=upto), fmt)
+    filename = f"audit-{timezone.now():%Y%m%dT%H%M%SZ}-{upto}.{fmt}"
     return streaming_response(request, pieces, filename)
 
 

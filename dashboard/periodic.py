@@ -10,6 +10,8 @@ from typing import Any
 
 PERIODIC_JOBS: dict[str, tuple[str, float]] = {
     "verify-audit-chain": ("audit.tasks.verify_audit_chain_task", 3600.0),
+    "seal-audit-events": ("audit.tasks.seal_audit_events_task", 2.0),
+    "audit-checkpoint": ("audit.tasks.write_audit_checkpoint_task", 60.0),
     "schedule-polls": ("channels_registry.tasks.schedule_polls_task", 5.0),
     "prune-samples": ("channels_registry.tasks.prune_samples_task", 600.0),
     "dlq-ingest": ("dlq.tasks.enqueue_ingest_task", 30.0),

@@ -243,6 +243,17 @@ DLO_SAMPLE_RETENTION_HOURS = env_int("DLO_SAMPLE_RETENTION_HOURS", 48)
 DLO_ROLLUP_RETENTION_DAYS = env_int("DLO_ROLLUP_RETENTION_DAYS", 30)
 # System actor recorded on audit events made by commands without a user.
 DLO_SYSTEM_ACTOR = env_str("DLO_SYSTEM_ACTOR", "system")
+# The audit log (docs/audit.md): who seals events (thread | inline | off), the Ed25519 key that
+# signs checkpoints (a file path; never stored in the database), where checkpoints go, and the
+# older public keys ``audit verify`` also trusts (paths separated by ``os.pathsep``).
+DLO_AUDIT_SEALER = env_str("DLO_AUDIT_SEALER", "thread")
+DLO_AUDIT_SIGNING_KEY = env_str("DLO_AUDIT_SIGNING_KEY", "")
+DLO_AUDIT_CHECKPOINT_DIR = env_str("DLO_AUDIT_CHECKPOINT_DIR", "")
+DLO_AUDIT_PUBLIC_KEYS = env_str("DLO_AUDIT_PUBLIC_KEYS", "")
+DLO_AUDIT_CHECKPOINT_WEBHOOK = env_str("DLO_AUDIT_CHECKPOINT_WEBHOOK", "")
+# How long an event may stay unsealed, or the log go without a checkpoint, before the audit
+# page, /metrics and the alert say so.
+DLO_AUDIT_UNSEALED_WARN_S = env_int("DLO_AUDIT_UNSEALED_WARN_S", 30)
 # Bulk actions above this many entries need a second person's approval.
 DLO_FOUR_EYES_THRESHOLD = env_int("DLO_FOUR_EYES_THRESHOLD", 1000)
 # Alerting: /metrics without a token only from these networks; notifications of one broker

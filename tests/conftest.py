@@ -23,6 +23,9 @@ def pytest_configure(config: pytest.Config) -> None:
     # Test-only tweaks: fast password hashing.
     from django.conf import settings
 
+    # Seal each audit event in its recording transaction, so ``record`` returns it numbered
+    # (tests of the sealer itself switch to "thread" or "off").
+    settings.DLO_AUDIT_SEALER = "inline"
     settings.PASSWORD_HASHERS = [
         "django.contrib.auth.hashers.MD5PasswordHasher",
         # For users a separate server process (browser journeys) must verify.

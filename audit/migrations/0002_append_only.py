@@ -10,7 +10,7 @@ from audit import triggers
 
 
 def forwards(apps: Any, schema_editor: Any) -> None:
-    triggers.install(schema_editor.connection)
+    triggers.install_legacy(schema_editor.connection)
     apps.get_model("audit", "AuditHead").objects.get_or_create(pk=1, defaults={"seq": 0})
 
 

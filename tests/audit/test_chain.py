@@ -14,7 +14,7 @@ from django.utils import timezone
 
 from audit import triggers
 from audit.actions import Actor, EventSpec, record, record_many, verify_chain
-from audit.chain import GENESIS, compute_hash
+from audit.chain import GENESIS, chain_hash, leaf_hash
 from audit.models import AuditEvent, AuditHead, Outcome
 
 pytestmark = pytest.mark.django_db
@@ -55,13 +55,19 @@ def test_events_chain_from_genesis_and_verify() -> None:
     assert result.ok and result.events == 3 and result.head_seq == 3
 
 
-def test_hash_covers_every_field() -> None:
+def test_hash_covers_exactly_the_stored_texts() -> None:
     event = write_events(1)[0]
-    fields = event.canonical_fields()
-    assert compute_hash(fields) == event.hash
-    for name in ["actor_username", "reason", "target_id", "before", "outcome", "prev_hash"]:
-        tampered = {**fields, name: "x"}
-        assert compute_hash(tampered) != event.hash, name
+    assert event.hash_version == 2
+    assert event.hash == chain_hash(GENESIS, leaf_hash(event.index_json, event.detail_json))
+    index, detail = json.loads(event.index_json), json.loads(event.detail_json)
+    assert index["actor"] == "tess" and index["target_id"] == "1"
+    assert detail["before"] == {"v": 1} and detail["reason"] == "because 1"
+    for text in [event.index_json, event.detail_json]:
+        tampered = text.replace("1", "2", 1)
+        assert leaf_hash(tampered, event.detail_json) != leaf_hash(event.index_json, text) or (
+            tampered == text
+        )
+    assert chain_hash(GENESIS, leaf_hash(event.index_json + " ", event.detail_json)) != event.hash
 
 
 def test_event_rolls_back_with_the_change() -> None:
@@ -128,19 +134,10 @@ def test_tamper_inserted_row_is_named(tamperable: list[AuditEvent]) -> None:
     # internally consistent: the event after it (#7, formerly #6) no longer links to it.
     raw(f"UPDATE {TABLE} SET seq = seq + 1000 WHERE seq > 5")
     raw(f"UPDATE {TABLE} SET seq = seq - 999 WHERE seq > 1000")
-    forged = AuditEvent(
-        seq=6,
-        created_at=tamperable[5].created_at,
-        actor_id=None,
-        actor_username="mallory",
-        action="test.event",
-        target_type="thing",
-        target_id="x",
-        target_repr="forged",
-        prev_hash=tamperable[4].hash,
-        outcome="success",
-    )
-    forged.hash = compute_hash(forged.canonical_fields())
+    forged = AuditEvent.objects.get(seq=1)
+    forged.pk = None
+    forged.seq, forged.prev_hash = 6, tamperable[4].hash
+    forged.hash = chain_hash(forged.prev_hash, leaf_hash(forged.index_json, forged.detail_json))
     forged.save(force_insert=True)
     result = verify_chain()
     assert not result.ok and result.first_bad_seq == 7
@@ -175,15 +172,17 @@ def test_verify_command_prints_head_or_fails(capsys: pytest.CaptureFixture[str])
 
 def test_verify_file_checks_an_exported_range(tmp_path: Any) -> None:
     events = write_events(4)
-    lines = []
-    for event in events[1:]:  # a range that starts mid-chain
-        fields = event.canonical_fields()
-        lines.append(json.dumps({**fields, "hash": event.hash}))
+    from audit.export import export_rows
+
+    rows = list(export_rows(AuditEvent.objects.filter(seq__gte=2)))  # starts mid-chain
+    assert [r["seq"] for r in rows] == [e.seq for e in events[1:]]
+    lines = [json.dumps(row) for row in rows]
     path = tmp_path / "export.jsonl"
     path.write_text("\n".join(lines) + "\n")
     call_command("audit", "verify", "--file", str(path))
     tampered = json.loads(lines[1])
-    tampered["reason"] = "rewritten"
+    tampered["detail_json"] = tampered["detail_json"].replace("because", "rewritten")
+    tampered["reason"] = tampered["reason"].replace("because", "rewritten")
     lines[1] = json.dumps(tampered)
     path.write_text("\n".join(lines) + "\n")
     with pytest.raises(CommandError, match="BROKEN at seq 3"):
@@ -206,7 +205,7 @@ def test_record_and_record_many_hash_the_same_event_identically() -> None:
         after={"when": now, "v": "\x00"},
         outcome=Outcome.FAILED,
     )
-    fields = [f.name for f in AuditEvent._meta.concrete_fields if f.name != "id"]
+    fields = [f.name for f in AuditEvent._meta.concrete_fields if f.name not in {"id"}]
     with mock.patch("audit.actions.timezone.now", return_value=now):
         with transaction.atomic():
             single = record(
@@ -226,5 +225,8 @@ def test_record_and_record_many_hash_the_same_event_identically() -> None:
         assert record_many([spec], actor=actor) == 1
     by_many = AuditEvent.objects.filter(seq=2).values(*fields).get()
     assert by_many == by_record
-    assert single.hash == by_many["hash"] == compute_hash(single.canonical_fields())
+    assert single.hash == by_many["hash"]
+    assert single.hash == chain_hash(
+        single.prev_hash, leaf_hash(single.index_json, single.detail_json)
+    )
     assert verify_chain().ok

@@ -72,7 +72,11 @@ def test_export_is_audited_with_its_filters_and_excludes_itself(compliance: User
     rows = jsonl(body(response))
     recorded = AuditEvent.objects.get(action="audit.export")
     assert recorded.actor_username == "cora" and recorded.outcome == Outcome.SUCCESS
-    assert recorded.after == {"format": "jsonl", "filters": {"actor": "tess", "channel": "orders"}}
+    assert recorded.after == {
+        "format": "jsonl",
+        "filters": {"actor": "tess", "channel": "orders"},
+        "up_to_seq": 2,
+    }
     assert [r["seq"] for r in rows] == [1]
     assert all(r["seq"] < recorded.seq for r in rows)
 
@@ -124,7 +128,8 @@ def test_jsonl_lines_carry_exactly_the_hashed_fields_and_hash(compliance: User) 
     response = client_for(compliance).get("/audit/export.jsonl")
     assert response["Content-Type"] == "application/x-ndjson; charset=utf-8"
     rows = jsonl(body(response))
-    assert rows and all(set(r) == {*HASHED_FIELDS, "hash"} for r in rows)
+    extra = {"index_json", "detail_json", "plan_id"}  # format 2: the texts that were hashed
+    assert rows and all(set(r) == {*HASHED_FIELDS, "hash", *extra} for r in rows)
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z", rows[0]["created_at"])
 
 
@@ -161,7 +166,7 @@ def test_filtered_export_is_reported_as_non_contiguous_and_hashes_only_verifies_
     rows = jsonl(text)
     rows[1]["actor_username"] = "eve"
     write(tmp_path, "".join(json.dumps(r) + "\n" for r in rows))
-    with pytest.raises(CommandError, match="BROKEN at seq 4: stored hash does not match"):
+    with pytest.raises(CommandError, match="BROKEN at seq 4: the readable fields differ"):
         call_command("audit", "verify", "--file", str(path), "--hashes-only")
     write(tmp_path, "".join(json.dumps(r) + "\n" for r in [rows[0], rows[0]]))
     with pytest.raises(CommandError, match="out of order or repeated"):

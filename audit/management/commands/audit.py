@@ -1,4 +1,4 @@
-"""``audit verify [--file export.jsonl [--hashes-only]]`` and ``audit export``."""
+"""``audit verify``, ``audit export``, ``audit keygen PATH`` and ``audit checkpoint``."""
 
 from __future__ import annotations
 
@@ -10,11 +10,13 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from audit import checkpoints
 from audit.actions import Actor, do_record_export, do_verify_chain
 from audit.chain import GENESIS, VerifyResult, verify_events
-from audit.export import chunks
+from audit.export import chunks, proof_filters, proof_lines
 from audit.filters import FILTER_NAMES, AuditFilterForm
 from audit.models import AuditEvent
+from audit.sealer import seal
 
 
 def _jsonl(path: str) -> Iterator[dict[str, Any]]:
@@ -56,6 +58,21 @@ class Command(BaseCommand):
         verify = sub.add_parser("verify", help="Walk the chain; exit 1 at the first bad event.")
         verify.add_argument("--file", help="Verify an exported .jsonl range offline instead.")
         verify.add_argument(
+            "--checkpoints",
+            metavar="DIR",
+            help="Signed checkpoints to verify against (default: DLO_AUDIT_CHECKPOINT_DIR).",
+        )
+        verify.add_argument(
+            "--public-key",
+            action="append",
+            metavar="KEY",
+            help="A trusted public key (repeat for rotated keys; default: the signing key's "
+            "and DLO_AUDIT_PUBLIC_KEYS).",
+        )
+        keygen = sub.add_parser("keygen", help="Write a new Ed25519 signing key to PATH.")
+        keygen.add_argument("path")
+        sub.add_parser("checkpoint", help="Seal pending events and write a checkpoint now.")
+        verify.add_argument(
             "--hashes-only",
             action="store_true",
             help="With --file: check each event's own hash but not the links between events "
@@ -73,23 +90,74 @@ class Command(BaseCommand):
         export.add_argument("--target-id")
         export.add_argument("--channel")
         export.add_argument("--outcome")
+        export.add_argument("--plan", help="A replay or discard plan id.")
+        export.add_argument(
+            "--proof",
+            action="store_true",
+            help="A proof export: complete for the filters up to the latest signed checkpoint "
+            "(JSON Lines; verify with verify_export.py --public-key).",
+        )
+        export.add_argument("--from-seq", type=int, default=1, help="With --proof: range start.")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        if options["subcommand"] == "export":
+        command = options["subcommand"]
+        if command == "export":
             self.export(options)
+        elif command == "keygen":
+            self.keygen(options["path"])
+        elif command == "checkpoint":
+            self.checkpoint()
         elif options.get("file"):
             self.verify_file(options["file"], hashes_only=options["hashes_only"])
         else:
-            self.verify_database()
+            self.verify_database(options.get("checkpoints"), options.get("public_key"))
 
-    def verify_database(self) -> None:
-        verification = do_verify_chain(Actor.system("audit-verify-command"))
+    def keygen(self, path: str) -> None:
+        try:
+            public = checkpoints.keygen(Path(path))
+        except FileExistsError:
+            raise CommandError(f"{path} exists: a signing key is never overwritten") from None
+        except OSError as exc:
+            raise CommandError(f"{path}: {exc.strerror}") from None
+        self.stdout.write(
+            f"Wrote the private key to {path} (keep it out of the database and backups of "
+            f"it) and the public key to {path}.pub:\n{checkpoints.public_text(public)}\n"
+            f"key id {checkpoints.key_id(public)}"
+        )
+
+    def checkpoint(self) -> None:
+        seal(wait=True)
+        try:
+            written = checkpoints.write_checkpoint(force=True)
+        except checkpoints.CheckpointError as exc:
+            raise CommandError(str(exc)) from None
+        if written is None:
+            self.stdout.write("No events yet: nothing to checkpoint.")
+            return
+        self.stdout.write(
+            f"Checkpoint #{written.number}: {written.tree_size} events, root "
+            f"{written.body['root_hash']} -> {written.path}"
+        )
+
+    def verify_database(self, directory: str | None, keys: list[str] | None) -> None:
+        verification = do_verify_chain(
+            Actor.system("audit-verify-command"), checkpoint_dir=directory, public_keys=keys
+        )
+        for note in filter(None, verification.notes.split("\n")):
+            self.stderr.write(f"note: {note}")
         if verification.ok:
+            anchored = (
+                f"; matches signed checkpoint #{verification.checkpoints_matched}"
+                if verification.checkpoints_matched
+                else "; no signed checkpoint checked"
+            )
             self.stdout.write(
                 f"OK: {verification.events} events verified; head "
-                f"#{verification.head_seq} {verification.head_hash}"
+                f"#{verification.head_seq} {verification.head_hash}{anchored}"
             )
             return
+        if verification.first_bad_seq is None:
+            raise CommandError(verification.problem)
         raise CommandError(f"BROKEN at seq {verification.first_bad_seq}: {verification.problem}")
 
     def verify_file(self, path: str, *, hashes_only: bool) -> None:
@@ -141,10 +209,13 @@ class Command(BaseCommand):
         if not form.is_valid():
             raise CommandError("Invalid filters: " + form.errors.as_text())
         fmt = options["format"]
-        recorded = do_record_export(
+        if options["proof"]:
+            self.export_proof(form, options["from_seq"])
+            return
+        upto = do_record_export(
             Actor.system("audit-export-command"), fmt=fmt, filters=form.active()
         )
-        events = form.apply(AuditEvent.objects.all()).filter(seq__lt=recorded.seq)
+        events = form.apply(AuditEvent.objects.all()).filter(seq__lte=upto)
         lines = 0
         for piece in chunks(events, fmt):
             self.stdout.write(piece, ending="")
@@ -152,6 +223,31 @@ class Command(BaseCommand):
         count = f"{lines} events" if fmt == "jsonl" else "the matching events"
         # The summary goes to stderr: stdout is the export itself.
         self.stderr.write(
-            f"Exported {count} up to #{recorded.seq - 1} as {fmt}"
+            f"Exported {count} up to #{upto} as {fmt}"
             + ("" if form.is_contiguous() else " (filtered: verify with --hashes-only)")
+        )
+
+    def export_proof(self, form: AuditFilterForm, first_seq: int) -> None:
+        seal(wait=True)
+        try:
+            checkpoints.write_checkpoint()
+        except checkpoints.CheckpointError as exc:
+            self.stderr.write(f"note: no new checkpoint ({exc}); using the latest one")
+        directory = checkpoints.checkpoint_dir()
+        found = checkpoints.read_dir(directory) if directory and directory.exists() else []
+        if not found:
+            raise CommandError(
+                "A proof export needs a signed checkpoint: set DLO_AUDIT_SIGNING_KEY and "
+                "DLO_AUDIT_CHECKPOINT_DIR, then run `manage.py audit checkpoint`."
+            )
+        latest = found[-1]
+        if not 1 <= first_seq <= latest.tree_size:
+            raise CommandError(f"--from-seq must be within #1–#{latest.tree_size}")
+        filters = proof_filters(form.active())
+        do_record_export(Actor.system("audit-export-command"), fmt="proof", filters=form.active())
+        for line in proof_lines(filters, latest, first_seq):
+            self.stdout.write(line, ending="")
+        self.stderr.write(
+            f"Proof export of #{first_seq}–#{latest.tree_size} for {filters or 'all events'}, "
+            f"complete up to signed checkpoint #{latest.number}"
         )

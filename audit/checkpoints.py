@@ -1,0 +1,337 @@
+"""Signed checkpoints: the audit log's anchor outside the database.
+
+A checkpoint commits to the whole log at one moment: its tree size (= the head seq), the RFC
+9162 Merkle root over every event's leaf, the head's chain hash, the time, and the hash of the
+checkpoint before it, signed with an Ed25519 key that is read from a file
+(``DLO_AUDIT_SIGNING_KEY``) and never stored in the database. Checkpoints are files in a
+directory (``DLO_AUDIT_CHECKPOINT_DIR``, e.g. a mounted volume with object lock), one per
+checkpoint, and optionally POSTed to a webhook (``DLO_AUDIT_CHECKPOINT_WEBHOOK``). The format
+is specified in ``docs/audit.md`` so that a third party can verify them without our code;
+``audit/verify_export.py`` does, with the standard library only.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import datetime as dt
+import hashlib
+import json
+import os
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import (
+    Ed25519PrivateKey,
+    Ed25519PublicKey,
+)
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from audit.chain import GENESIS, MerkleFrontier, canonical_json
+from audit.models import AuditHead
+
+FORMAT = "dlo-audit-checkpoint/1"
+WEBHOOK_TIMEOUT_S = 5.0
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint could not be written (no key, sink down): recording carries on."""
+
+
+# -- keys ------------------------------------------------------------------------------------
+
+
+def key_id(public: Ed25519PublicKey) -> str:
+    """The first 16 hex digits of SHA-256 over the raw 32-byte public key."""
+    return hashlib.sha256(raw_public(public)).hexdigest()[:16]
+
+
+def raw_public(public: Ed25519PublicKey) -> bytes:
+    return public.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+
+
+def public_text(public: Ed25519PublicKey) -> str:
+    """The public key file's one line: ``ed25519 <base64 of the raw 32 bytes>``."""
+    return "ed25519 " + base64.b64encode(raw_public(public)).decode("ascii")
+
+
+def keygen(path: Path) -> Ed25519PublicKey:
+    """Write a new private key (PKCS#8 PEM, mode 0600, refusing to overwrite) and its public
+    key next to it as ``PATH.pub``."""
+    key = Ed25519PrivateKey.generate()
+    pem = key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as out:
+        out.write(pem)
+    Path(f"{path}.pub").write_text(public_text(key.public_key()) + "\n", encoding="ascii")
+    return key.public_key()
+
+
+def load_private_key(path: str) -> Ed25519PrivateKey:
+    if not path:
+        raise CheckpointError("no signing key: set DLO_AUDIT_SIGNING_KEY to a key file")
+    try:
+        key = serialization.load_pem_private_key(Path(path).read_bytes(), password=None)
+    except OSError as exc:
+        raise CheckpointError(f"signing key {path}: {exc.strerror}") from None
+    except ValueError:
+        raise CheckpointError(f"signing key {path}: not a PEM private key") from None
+    if not isinstance(key, Ed25519PrivateKey):
+        raise CheckpointError(f"signing key {path}: not an Ed25519 key")
+    return key
+
+
+def load_public_key(path: str) -> Ed25519PublicKey:
+    """A ``.pub`` file (``ed25519 <base64>``), a PEM public key, or a private key file."""
+    data = Path(path).read_bytes()
+    if data.startswith(b"ed25519 "):
+        return Ed25519PublicKey.from_public_bytes(base64.b64decode(data.split()[1]))
+    if b"PRIVATE KEY" in data:
+        return load_private_key(path).public_key()
+    key = serialization.load_pem_public_key(data)
+    if not isinstance(key, Ed25519PublicKey):
+        raise ValueError(f"{path}: not an Ed25519 public key")
+    return key
+
+
+def trusted_keys(extra: list[str] | None = None) -> dict[str, Ed25519PublicKey]:
+    """The public keys ``audit verify`` trusts: ``extra`` (``--public-key``) if given, else
+    the configured signing key's own and ``DLO_AUDIT_PUBLIC_KEYS`` (older, rotated keys)."""
+    paths = list(extra or [])
+    if not paths:
+        if settings.DLO_AUDIT_SIGNING_KEY and Path(settings.DLO_AUDIT_SIGNING_KEY).exists():
+            paths.append(settings.DLO_AUDIT_SIGNING_KEY)
+        paths += [p for p in settings.DLO_AUDIT_PUBLIC_KEYS.split(os.pathsep) if p]
+    keys = {}
+    for path in paths:
+        key = load_public_key(path)
+        keys[key_id(key)] = key
+    return keys
+
+
+# -- the checkpoint files --------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Checkpoint:
+    body: dict[str, Any]
+    signature: str
+    path: Path | None = None
+
+    @property
+    def number(self) -> int:
+        return int(self.body["number"])
+
+    @property
+    def tree_size(self) -> int:
+        return int(self.body["tree_size"])
+
+    def signed_bytes(self) -> bytes:
+        return canonical_json(self.body).encode("utf-8")
+
+    def digest(self) -> str:
+        return hashlib.sha256(self.signed_bytes()).hexdigest()
+
+    def to_json(self) -> str:
+        return json.dumps({"checkpoint": self.body, "signature": self.signature}, indent=1) + "\n"
+
+
+def filename(number: int) -> str:
+    return f"checkpoint-{number:012d}.json"
+
+
+def read_dir(directory: str | Path) -> list[Checkpoint]:
+    """Every ``checkpoint-*.json`` file, in file-name order (the number they claim)."""
+    found = []
+    for path in sorted(Path(directory).glob("checkpoint-*.json")):
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+            found.append(Checkpoint(data["checkpoint"], data["signature"], path))
+        except (OSError, ValueError, KeyError, TypeError):
+            found.append(Checkpoint({"number": _number_in(path), "unreadable": True}, "", path))
+    return found
+
+
+def _number_in(path: Path) -> int:
+    digits = path.stem.rsplit("-", 1)[-1]
+    return int(digits) if digits.isdigit() else -1
+
+
+@dataclasses.dataclass
+class CheckpointCheck:
+    checkpoints: list[Checkpoint]
+    problem: str = ""
+    bad_number: int | None = None
+
+    @property
+    def ok(self) -> bool:
+        return not self.problem
+
+
+def verify_chain_of_checkpoints(
+    checkpoints: list[Checkpoint],
+    keys: dict[str, Ed25519PublicKey],
+    *,
+    expected_last: int = 0,
+) -> CheckpointCheck:
+    """Each checkpoint: readable, named by its number, numbered one after the previous, signed
+    by a trusted key, linked to the previous one's hash, and not shrinking the tree. Then none
+    missing at the end (``expected_last``: the number the database records as last written)."""
+    previous: Checkpoint | None = None
+    good: list[Checkpoint] = []
+
+    def bad(number: int, problem: str) -> CheckpointCheck:
+        return CheckpointCheck(good, problem, number)
+
+    for cp in checkpoints:
+        number = int(cp.body.get("number", -1))
+        if cp.body.get("unreadable"):
+            return bad(number, f"checkpoint #{number} ({cp.path}) is not a readable checkpoint")
+        if cp.path is not None and _number_in(cp.path) != number:
+            return bad(
+                _number_in(cp.path),
+                f"file {cp.path.name} holds checkpoint #{number}: checkpoints were reordered",
+            )
+        expected = previous.number + 1 if previous else 1
+        if number != expected:
+            return bad(
+                expected,
+                f"checkpoint #{expected} is missing (the next one is #{number}): deleted",
+            )
+        key = keys.get(str(cp.body.get("key_id")))
+        if key is None:
+            return bad(
+                number,
+                f"checkpoint #{number} is signed by key {cp.body.get('key_id')}, which is not "
+                "a trusted public key (forged, or pass the rotated key with --public-key)",
+            )
+        try:
+            key.verify(base64.b64decode(cp.signature), cp.signed_bytes())
+        except (InvalidSignature, ValueError):
+            return bad(number, f"checkpoint #{number}: the signature does not verify (forged)")
+        prev_hash = previous.digest() if previous else GENESIS
+        if cp.body.get("prev_checkpoint") != prev_hash:
+            return bad(
+                number,
+                f"checkpoint #{number} does not follow checkpoint #{number - 1} "
+                "(prev_checkpoint differs): checkpoints were reordered or replaced",
+            )
+        if previous and cp.tree_size < previous.tree_size:
+            return bad(number, f"checkpoint #{number} has a smaller tree than #{number - 1}")
+        good.append(cp)
+        previous = cp
+    last = previous.number if previous else 0
+    if expected_last > last:
+        return bad(
+            last + 1,
+            f"checkpoint #{last + 1} is missing: the database records checkpoints up to "
+            f"#{expected_last} written (deleted from the sink)",
+        )
+    return CheckpointCheck(good)
+
+
+# -- writing -----------------------------------------------------------------------------------
+
+
+def checkpoint_dir() -> Path | None:
+    return Path(settings.DLO_AUDIT_CHECKPOINT_DIR) if settings.DLO_AUDIT_CHECKPOINT_DIR else None
+
+
+def write_checkpoint(*, force: bool = False) -> Checkpoint | None:
+    """Sign and write a checkpoint of the sealed log now; ``None`` when nothing changed since
+    the last one (unless ``force``). Raises ``CheckpointError`` when it cannot (the failure is
+    also kept on the head row for the audit page, ``/metrics`` and the alert)."""
+    try:
+        return _write(force)
+    except CheckpointError as exc:
+        AuditHead.objects.filter(pk=1).update(
+            checkpoint_error=str(exc)[:1000], checkpoint_error_at=timezone.now()
+        )
+        raise
+
+
+def _write(force: bool) -> Checkpoint | None:
+    key = load_private_key(settings.DLO_AUDIT_SIGNING_KEY)
+    directory = checkpoint_dir()
+    if directory is None:
+        raise CheckpointError("no checkpoint sink: set DLO_AUDIT_CHECKPOINT_DIR")
+    with transaction.atomic():
+        # FOR UPDATE: one writer at a time, and a head consistent with its Merkle frontier.
+        head = AuditHead.objects.select_for_update().filter(pk=1).first()
+        if head is None or head.seq == 0:
+            return None
+        if head.seq == head.checkpoint_tree_size and not force:
+            return None
+        frontier = MerkleFrontier.loads(head.frontier)
+        previous = read_dir(directory)[-1:] if directory.exists() else []
+        prev_hash = previous[0].digest() if previous else GENESIS
+        # A checkpoint deleted from the sink leaves a gap the verifier reports, never a reuse.
+        number = max(head.checkpoint_number, previous[0].number if previous else 0) + 1
+        body = {
+            "format": FORMAT,
+            "number": number,
+            "tree_size": head.seq,
+            "root_hash": frontier.root(),
+            "head_hash": head.hash,
+            "time": timezone.now().astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+            "prev_checkpoint": prev_hash,
+            "key_id": key_id(key.public_key()),
+        }
+        signature = base64.b64encode(key.sign(canonical_json(body).encode("utf-8")))
+        cp = Checkpoint(body, signature.decode("ascii"))
+        cp.path = _write_file(directory, cp)
+        AuditHead.objects.filter(pk=1).update(
+            checkpoint_number=number,
+            checkpoint_tree_size=head.seq,
+            checkpoint_root=body["root_hash"],
+            checkpoint_at=timezone.now(),
+            checkpoint_error="",
+            checkpoint_error_at=None,
+        )
+    _post_webhook(cp)
+    return cp
+
+
+def _write_file(directory: Path, cp: Checkpoint) -> Path:
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        path = directory / filename(cp.number)
+        temporary = directory / f".{filename(cp.number)}.tmp"
+        temporary.write_text(cp.to_json(), encoding="utf-8")
+        os.link(temporary, path)  # fails if the checkpoint exists: never overwrite one
+        temporary.unlink()
+    except OSError as exc:
+        raise CheckpointError(
+            f"checkpoint sink {directory}: {exc.strerror or exc} (recording continues; "
+            "checkpoints resume when the sink is back)"
+        ) from None
+    return path
+
+
+def _post_webhook(cp: Checkpoint) -> None:
+    """The optional second sink: POST the checkpoint file's JSON. A failure is kept for the
+    page; the directory copy was written, so nothing is lost."""
+    url = settings.DLO_AUDIT_CHECKPOINT_WEBHOOK
+    if not url:
+        return
+    request = urllib.request.Request(
+        url, data=cp.to_json().encode("utf-8"), headers={"Content-Type": "application/json"}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=WEBHOOK_TIMEOUT_S):  # noqa: S310
+            pass
+    except (OSError, ValueError) as exc:
+        AuditHead.objects.filter(pk=1).update(
+            checkpoint_error=f"checkpoint webhook {url}: {exc}"[:1000],
+            checkpoint_error_at=timezone.now(),
+        )

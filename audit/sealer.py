@@ -1,0 +1,183 @@
+"""The sealer: the one place where audit events get their order and their hashes.
+
+Actions insert events *unsealed* (``seq`` and ``hash`` null) in their own transactions, so no
+writer waits for another (the head row lock used to serialise every audited action). The
+sealer, like a Certificate Transparency log's sequencer, takes the unsealed events in arrival
+order, in batches, under the head row's lock: it numbers them after the head, chains their
+hashes, extends the Merkle tree's right edge (``AuditHead.frontier``) and moves the head — one
+transaction per batch. Only one sealer runs at a time: a second one finds the head row locked
+and leaves (``SKIP LOCKED``) instead of queueing.
+
+Who seals (``DLO_AUDIT_SEALER``):
+
+* ``thread`` (default): each process that records an event wakes a small daemon thread of its
+  own after the commit, which seals within ~0.1 s. The periodic job ``seal-audit-events``
+  (every 2 s, Celery beat or the in-process scheduler) seals whatever a process that died
+  before its thread ran left behind. The unsealed window is therefore bounded by seconds; the
+  audit page and ``/metrics`` show its current size and age.
+* ``inline``: the recording transaction seals at once (the old behaviour: writers queue on the
+  head lock). The test suite uses it so that an event has its ``seq`` when ``record`` returns.
+* ``off``: only the periodic job seals.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import os
+import threading
+import time
+from typing import Any
+
+from django.conf import settings
+from django.db import close_old_connections, connection, transaction
+from django.db.models import Count, Min
+from django.utils import timezone
+
+from audit.chain import GENESIS, MerkleFrontier, chain_hash, leaf_hash
+from audit.models import AuditEvent, AuditHead
+
+log = logging.getLogger(__name__)
+
+BATCH = 5000  # events per sealing transaction
+MAX_PER_RUN = 500_000  # a bound on one call; the next wake-up or tick continues
+WAKE_DELAY_S = 0.05  # let a burst of commits gather before sealing it
+
+
+class HeadMissing(RuntimeError):
+    """The head row is gone while sealed events exist: the log cannot continue honestly."""
+
+
+def seal(*, wait: bool = False) -> int:
+    """Seal every unsealed event (up to ``MAX_PER_RUN``); returns how many. With ``wait``
+    False another sealer at work makes this return 0 at once."""
+    total = 0
+    while total < MAX_PER_RUN:
+        sealed = _seal_batch(wait)
+        total += sealed
+        if sealed < BATCH:
+            break
+    return total
+
+
+def _locked_head(wait: bool) -> AuditHead | None:
+    head = AuditHead.objects.select_for_update(skip_locked=not wait).filter(pk=1).first()
+    if head is not None:
+        return head
+    if AuditHead.objects.filter(pk=1).exists():
+        return None  # another sealer holds it
+    if AuditEvent.objects.filter(seq__isnull=False).exists():
+        raise HeadMissing(
+            "the audit head row is missing while sealed events exist: new events stay "
+            "unsealed until it is restored (run `manage.py audit verify`)"
+        )
+    AuditHead.objects.bulk_create([AuditHead(pk=1, seq=0, hash="")], ignore_conflicts=True)
+    return AuditHead.objects.select_for_update(skip_locked=not wait).filter(pk=1).first()
+
+
+def _seal_batch(wait: bool) -> int:
+    with transaction.atomic():
+        head = _locked_head(wait)
+        if head is None:
+            return 0
+        rows = list(
+            AuditEvent.objects.filter(seq__isnull=True)
+            .order_by("id")
+            .values_list("id", "index_json", "detail_json")[:BATCH]
+        )
+        if not rows:
+            return 0
+        frontier = MerkleFrontier.loads(head.frontier)
+        if frontier.size != head.seq:
+            raise HeadMissing(
+                f"the head's Merkle tree has {frontier.size} leaves but the head is "
+                f"#{head.seq}: the head row was altered; sealing stops until it is restored"
+            )
+        seq, prev = head.seq, head.hash or GENESIS
+        ids, seqs, prevs, hashes = [], [], [], []
+        for pk, index_json, detail_json in rows:
+            seq += 1
+            leaf = leaf_hash(index_json, detail_json)
+            digest = chain_hash(prev, leaf)
+            frontier.append(leaf)
+            ids.append(pk)
+            seqs.append(seq)
+            prevs.append(prev)
+            hashes.append(digest)
+            prev = digest
+        _apply(ids, seqs, prevs, hashes)
+        AuditHead.objects.filter(pk=1).update(
+            seq=seq, hash=prev, frontier=frontier.dumps(), sealed_at=timezone.now()
+        )
+    return len(rows)
+
+
+def _apply(ids: list[int], seqs: list[int], prevs: list[str], hashes: list[str]) -> None:
+    table = connection.ops.quote_name(AuditEvent._meta.db_table)
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute(
+                f"UPDATE {table} AS e SET seq = v.seq, prev_hash = v.prev, hash = v.hash "
+                "FROM unnest(%s::bigint[], %s::bigint[], %s::text[], %s::text[]) "
+                "AS v(id, seq, prev, hash) WHERE e.id = v.id",
+                [ids, seqs, prevs, hashes],
+            )
+        else:
+            cursor.executemany(
+                f"UPDATE {table} SET seq = %s, prev_hash = %s, hash = %s WHERE id = %s",
+                list(zip(seqs, prevs, hashes, ids, strict=True)),
+            )
+
+
+# -- who seals, and when ---------------------------------------------------------------------
+
+_wake = threading.Event()
+_thread_lock = threading.Lock()
+_thread: tuple[int, threading.Thread] | None = None
+
+
+def after_record(event: AuditEvent | None) -> None:
+    """Called by ``record``/``record_many`` inside the recording transaction."""
+    mode = settings.DLO_AUDIT_SEALER
+    if mode == "inline":
+        seal(wait=True)
+        if event is not None:
+            event.refresh_from_db(fields=["seq", "prev_hash", "hash"])
+    elif mode == "thread":
+        transaction.on_commit(wake)
+
+
+def wake() -> None:
+    """Ask this process's sealer thread to seal soon (starting it if needed)."""
+    global _thread
+    with _thread_lock:
+        pid = os.getpid()
+        if _thread is None or _thread[0] != pid or not _thread[1].is_alive():
+            thread = threading.Thread(target=_run, name="dlo-audit-sealer", daemon=True)
+            _thread = (pid, thread)
+            thread.start()
+    _wake.set()
+
+
+def _run() -> None:
+    while True:
+        _wake.wait()
+        time.sleep(WAKE_DELAY_S)
+        _wake.clear()
+        try:
+            close_old_connections()
+            seal()
+        except Exception:
+            log.exception("sealing audit events failed; the periodic job retries")
+        finally:
+            close_old_connections()
+
+
+def unsealed_status() -> dict[str, Any]:
+    """How many events wait to be sealed and how old the oldest is (seconds)."""
+    stats = AuditEvent.objects.filter(seq__isnull=True).aggregate(
+        count=Count("id"), oldest=Min("created_at")
+    )
+    oldest: dt.datetime | None = stats["oldest"]
+    age = (timezone.now() - oldest).total_seconds() if oldest else 0.0
+    return {"count": stats["count"], "oldest_age_s": max(age, 0.0)}
