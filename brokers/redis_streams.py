@@ -21,10 +21,15 @@ queue is itself a stream with one entry per dead letter:
   ``delivery_count``, ``source_stream``, ``source_id`` and ``dead_lettered_at``.
 
 The dashboard drains a DLQ stream through its own consumer group ``dlo-ingest`` (created by
-``prepare_drain`` from id ``0`` with ``MKSTREAM``) under the fixed consumer name ``dlo``, so a
-restarted ingester first re-reads the entries it had read but not acknowledged. ``ack`` is
-``XACK`` only: the entry stays in the stream, whose own ``MAXLEN``/``MINID`` trimming bounds it
-(the application owns that retention; the dashboard never deletes from a stream).
+``prepare_drain`` from id ``0`` with ``MKSTREAM``). Each ingest process is its own consumer in
+that group (``dlo-<host>-<pid>``), so two workers on one channel split the entries between
+them instead of both reading everything. A session reads, in this order: 1. its own pending
+entries (read before, never acknowledged: a failed ack), 2. entries another consumer read and
+left idle for ``drain_claim_idle_s`` (a worker that died), taken over with ``XAUTOCLAIM``,
+3. new entries (``>``). Consumers of the group that hold nothing and have been idle for
+``drain_forget_idle_s`` are deleted, so dead workers do not pile up. ``ack`` is ``XACK`` only:
+the entry stays in the stream, whose own ``MAXLEN``/``MINID`` trimming bounds it (the
+application owns that retention; the dashboard never deletes from a stream).
 
 Identity (docs/identity.md): one death is one DLQ stream entry. Each dead-lettering is an
 ``XADD`` with a fresh id, so a replayed message that fails again is a new entry; a redelivery
@@ -34,6 +39,8 @@ from the dashboard's group re-reads the same id (``dedupe_key = "redis:<stream>:
 from __future__ import annotations
 
 import json
+import os
+import socket
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -59,7 +66,8 @@ from brokers.base import (
 )
 
 DRAIN_GROUP = "dlo-ingest"
-DRAIN_CONSUMER = "dlo"
+DRAIN_CONSUMER_PREFIX = "dlo-"
+MAX_CLAIM_PAGES = 1000  # XAUTOCLAIM pages scanned per fetch (each bounded by the batch size)
 BODY_FIELD = "body"
 #: How many of a group's oldest pending entries one poll reads (idle time, delivery counts).
 PENDING_SCAN = 100
@@ -197,6 +205,11 @@ class RedisStreamsAdapter(BrokerAdapter):
     kind = "redis"
     #: A consumer idle for less than this counts as active (XINFO CONSUMERS ``idle``).
     active_idle_s: float = 60.0
+    #: An entry another drain consumer read and left unacknowledged this long is taken over
+    #: (its worker died): the redelivery wait after a crash.
+    drain_claim_idle_s: float = 60.0
+    #: Drain consumers holding nothing and idle this long are deleted from the group.
+    drain_forget_idle_s: float = 24 * 3600.0
 
     def _client(self, *, block_s: float = 0.0) -> redis.Redis:
         try:
@@ -416,28 +429,33 @@ class RedisStreamsAdapter(BrokerAdapter):
         return RedisPublisher(client, target.name)
 
 
-class RedisDrainSession(DrainSession):
-    """Reads the DLQ stream through group ``dlo-ingest`` as consumer ``dlo``: first this
-    consumer's pending entries (id ``0``, after a crash), then new ones (``>``)."""
+def drain_consumer_name() -> str:
+    """This process's consumer name in the drain group: stable for the life of the process."""
+    return f"{DRAIN_CONSUMER_PREFIX}{socket.gethostname()[:60]}-{os.getpid()}"
 
-    def __init__(self, adapter: RedisStreamsAdapter, stream: str) -> None:
+
+class RedisDrainSession(DrainSession):
+    """Reads the DLQ stream through group ``dlo-ingest`` as this process's own consumer: its
+    pending entries, then idle ones claimed from dead consumers, then new ones (module
+    docstring). Every step reads at most ``max_batch`` entries."""
+
+    def __init__(
+        self, adapter: RedisStreamsAdapter, stream: str, consumer: str | None = None
+    ) -> None:
         self.adapter = adapter
         self.stream = stream
+        self.consumer = consumer or drain_consumer_name()
         self.timeout = adapter.timeout
         # BLOCK is sliced to at most ``timeout``, so the socket needs that much on top.
         self.client = adapter._client(block_s=adapter.timeout)
         self._cursor = "0"
         self._pending_done = False
+        self._claim_cursor = "0-0"
+        self._claim_done = False
 
-    def _read(self, entry_id: str, count: int, block_ms: int | None) -> list[Any]:
+    def _call(self, what: str, command: Any, *args: Any, **kwargs: Any) -> Any:
         try:
-            response = self.client.xreadgroup(
-                DRAIN_GROUP,
-                DRAIN_CONSUMER,
-                {self.stream: entry_id},
-                count=count,
-                block=block_ms,
-            )
+            return command(*args, **kwargs)
         except rexc.ResponseError as exc:
             if "NOGROUP" in str(exc):
                 raise BrokerError(
@@ -445,24 +463,83 @@ class RedisDrainSession(DrainSession):
                     "call prepare_drain first",
                     permanent=True,
                 ) from None
-            raise _broker_error(exc, f"drain {self.stream}") from None
+            raise _broker_error(exc, f"{what} {self.stream}") from None
         except (rexc.RedisError, OSError) as exc:
-            raise _broker_error(exc, f"drain {self.stream}") from None
+            raise _broker_error(exc, f"{what} {self.stream}") from None
+
+    def _read(self, entry_id: str, count: int, block_ms: int | None) -> list[Any]:
+        response = self._call(
+            "drain",
+            self.client.xreadgroup,
+            DRAIN_GROUP,
+            self.consumer,
+            {self.stream: entry_id},
+            count=count,
+            block=block_ms,
+        )
         if not response:
             return []
         entries: list[Any] = response[0][1] if isinstance(response, list) else []
         return entries
 
+    def _claim(self, count: int) -> list[DeadLetter]:
+        """Step 2: take over entries other consumers left idle past ``drain_claim_idle_s``;
+        one bounded ``XAUTOCLAIM`` page per call. Entries deleted from the stream meanwhile
+        come back as ids only (Redis 7) and are reported as lost bodies."""
+        reply = self._call(
+            "claim",
+            self.client.xautoclaim,
+            self.stream,
+            DRAIN_GROUP,
+            self.consumer,
+            int(self.adapter.drain_claim_idle_s * 1000),
+            start_id=self._claim_cursor,
+            count=count,
+        )
+        cursor, entries = _text(reply[0]), reply[1]
+        deleted = reply[2] if len(reply) > 2 else []
+        self._claim_cursor = cursor
+        if cursor == "0-0":
+            self._claim_done = True
+        letters = [self._letter(entry_id, fields) for entry_id, fields in entries]
+        letters += [self._letter(entry_id, None) for entry_id in deleted]
+        return letters
+
+    def _forget_dead_consumers(self) -> None:
+        """Delete our group's consumers that hold nothing and have been idle for long (dead
+        workers): best effort, bounded by the group's consumer count."""
+        try:
+            consumers = self.client.xinfo_consumers(self.stream, DRAIN_GROUP)
+            forget_ms = self.adapter.drain_forget_idle_s * 1000
+            for info in consumers[:1000]:
+                name = _text(info.get("name"))
+                if (
+                    name != self.consumer
+                    and name.startswith(DRAIN_CONSUMER_PREFIX)
+                    and not info.get("pending")
+                    and (info.get("idle") or 0) >= forget_ms
+                ):
+                    self.client.xgroup_delconsumer(self.stream, DRAIN_GROUP, name)
+        except (rexc.RedisError, OSError):
+            return
+
     def fetch(self, max_batch: int, wait_s: float) -> list[DeadLetter]:
         count = max(1, max_batch)
-        # 1. Re-read our own pending entries (read before a crash, never acknowledged).
+        # 1. Re-read our own pending entries (read before, never acknowledged).
         if not self._pending_done:
             entries = self._read(self._cursor, count, None)
             if entries:
                 self._cursor = _text(entries[-1][0])
                 return [self._letter(entry_id, fields) for entry_id, fields in entries]
             self._pending_done = True
-        # 2. New entries, blocking in slices no longer than the timeout (bounded loop).
+        # 2. Entries a dead consumer read and never acknowledged (bounded pages of the PEL).
+        for _ in range(MAX_CLAIM_PAGES):
+            if self._claim_done:
+                break
+            claimed = self._claim(count)
+            if claimed:
+                return claimed
+        # 3. New entries, blocking in slices no longer than the timeout (bounded loop).
         deadline = time.monotonic() + max(0.0, wait_s)
         max_slices = int(wait_s // self.timeout) + 2 if self.timeout > 0 else 1
         for _ in range(max_slices):
@@ -520,6 +597,7 @@ class RedisDrainSession(DrainSession):
             raise _broker_error(exc, f"ack {self.stream}") from None
 
     def close(self) -> None:
+        self._forget_dead_consumers()
         self.client.close()
 
 

@@ -11,7 +11,7 @@ import pytest
 import redis
 
 from brokers.base import Address, BrokerError, OutgoingMessage
-from brokers.redis_streams import DRAIN_GROUP, RedisStreamsAdapter
+from brokers.redis_streams import DRAIN_GROUP, RedisDrainSession, RedisStreamsAdapter
 
 URL = os.environ.get("DLO_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 
@@ -259,3 +259,51 @@ def test_publisher_confirms_and_round_trips_bytes_and_headers(
     assert entries[1][1][b"x-dlq-replay-id"] == b"r1"
     assert clash[0].confirmed is False and clash[0].permanent is True
     assert refused[0].confirmed is False and "WRONGTYPE" in refused[0].reason
+
+
+def test_two_drain_consumers_split_the_entries_between_them(
+    adapter: RedisStreamsAdapter, redis_client: redis.Redis, redis_keys: list[str]
+) -> None:
+    dlq = _key(redis_keys, "dlq")
+    adapter.prepare_drain(Address(dlq))
+    for i in range(100):
+        redis_client.xadd(dlq, {"body": b"m%d" % i})
+    one = RedisDrainSession(adapter, dlq, consumer="dlo-test-one")
+    two = RedisDrainSession(adapter, dlq, consumer="dlo-test-two")
+    read: dict[str, list[str]] = {"one": [], "two": []}
+    try:
+        for _ in range(20):
+            for name, session in (("one", one), ("two", two)):
+                letters = session.fetch(max_batch=7, wait_s=0.1)
+                session.ack(letters)
+                read[name] += [letter.broker_id for letter in letters]
+    finally:
+        one.close()
+        two.close()
+    assert read["one"] and read["two"]
+    assert not set(read["one"]) & set(read["two"])  # nothing read twice
+    assert len(read["one"]) + len(read["two"]) == 100
+
+
+def test_a_dead_consumers_pending_entries_are_claimed_after_the_idle_bound(
+    adapter: RedisStreamsAdapter, redis_client: redis.Redis, redis_keys: list[str]
+) -> None:
+    dlq = _key(redis_keys, "dlq")
+    adapter.prepare_drain(Address(dlq))
+    for i in range(5):
+        redis_client.xadd(dlq, {"body": b"m%d" % i})
+    dead = RedisDrainSession(adapter, dlq, consumer="dlo-test-dead")
+    taken = dead.fetch(max_batch=10, wait_s=0.5)
+    dead.client.close()  # the worker dies: read, never acknowledged
+    assert len(taken) == 5
+    adapter.drain_claim_idle_s = 3600.0
+    with adapter.drain(Address(dlq)) as session:  # not idle long enough: not claimed
+        assert session.fetch(max_batch=10, wait_s=0.2) == []
+    adapter.drain_claim_idle_s = 0.05
+    time.sleep(0.1)
+    with adapter.drain(Address(dlq)) as session:
+        claimed = session.fetch(max_batch=10, wait_s=0.2)
+        assert [x.dedupe_key for x in claimed] == [x.dedupe_key for x in taken]
+        session.ack(claimed)
+    assert redis_client.xpending(dlq, DRAIN_GROUP)["pending"] == 0
+    redis_client.xgroup_delconsumer(dlq, DRAIN_GROUP, "dlo-test-dead")
