@@ -10,6 +10,7 @@ from django.utils import timezone
 
 from channels_registry.models import Broker
 from channels_registry.polling import PollOutcome, due_brokers, poll_brokers
+from channels_registry.service import run_service, stop_on_signals
 
 
 class Command(BaseCommand):
@@ -56,13 +57,21 @@ class Command(BaseCommand):
         )
 
     def _forever(self, name: str | None) -> None:
-        self.stdout.write("Polling brokers as they fall due; Ctrl-C to stop.")
-        try:
-            while True:
-                poll_brokers(
-                    due_brokers(timezone.now(), name=name),
-                    on_outcome=lambda o: self.stdout.write(self._line(o)),
-                )
-                time.sleep(1.0)
-        except KeyboardInterrupt:
-            return
+        """Poll brokers as they fall due until SIGTERM/SIGINT; brokers back off on their own
+        (``due_brokers``), database outages are ridden out by ``run_service``."""
+
+        def write(line: str) -> None:
+            self.stdout.write(line)
+            self.stdout.flush()
+
+        def one_round() -> float:
+            poll_brokers(due_brokers(timezone.now(), name=name), on_outcome=self._write_line)
+            return 1.0
+
+        with stop_on_signals() as stop:
+            write("poll: polling brokers as they fall due until SIGTERM/SIGINT")
+            run_service("poll", one_round, write=write, stop=stop)
+
+    def _write_line(self, outcome: PollOutcome) -> None:
+        self.stdout.write(self._line(outcome))
+        self.stdout.flush()
