@@ -1,0 +1,144 @@
+"""Ingest and poll as real processes under faults: two workers on one Redis channel, the
+long-running commands through a PostgreSQL outage and a broker outage, SIGTERM."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import uuid
+from pathlib import Path
+
+import pytest
+import redis
+
+from tests.dlq.services import ProcDb, output, own_redis, proc_db, wait_until
+
+pytestmark = [pytest.mark.slow, pytest.mark.broker, pytest.mark.timeout(300)]
+__all__ = ["proc_db"]  # the module-scoped fixture
+
+REDIS_URL = os.environ.get("DLO_TEST_LAYER_REDIS_URL", "redis://127.0.0.1:6379/0")
+SUMMARY = re.compile(r"(\d+) fetched, (\d+) new, (\d+) duplicates")
+
+
+def _redis_channel(db: ProcDb, slug: str, stream: str, url_env: str) -> None:
+    db.only_new_channels()
+    db.shell(
+        "from channels_registry.models import Broker, Channel;"
+        f"b = Broker.objects.create(name='{slug}', kind='redis', url_env='{url_env}');"
+        f"Channel.objects.create(broker=b, name='{slug}', slug='{slug}', address='{stream}',"
+        f" address_group='workers', dlq_address='{stream}.dlq', poison_address='',"
+        " semantic='at-least-once')"
+    )
+
+
+def _rows(db: ProcDb, slug: str) -> int:
+    [(count,)] = db.query(
+        "SELECT count(*) FROM dlq_deadletter d JOIN channels_registry_channel c"
+        " ON c.id = d.channel_id WHERE c.slug = %s",
+        slug,
+    )
+    return int(count)
+
+
+def test_two_ingest_workers_on_one_redis_channel_read_each_entry_once(proc_db: ProcDb) -> None:
+    client = redis.Redis.from_url(REDIS_URL)
+    try:
+        client.ping()
+    except redis.RedisError as exc:
+        pytest.skip(f"Redis not reachable: {exc}")
+    stream = f"dlo-two-{uuid.uuid4().hex[:8]}"
+    slug = f"two-{uuid.uuid4().hex[:6]}"
+    _redis_channel(proc_db, slug, stream, "DLO_TEST_TWO_REDIS")
+    try:
+        pipe = client.pipeline(transaction=False)
+        for i in range(2000):
+            pipe.xadd(f"{stream}.dlq", {"body": b'{"n": %d}' % i, "reason": b"failed"})
+        pipe.execute()
+        env = {"DLO_TEST_TWO_REDIS": REDIS_URL}
+        workers = [
+            proc_db.spawn("ingest", "--once", "--channel", slug, "--max-batches", "50", **env)
+            for _ in range(2)
+        ]
+        outs = [output(w, timeout=240) for w in workers]
+        counts = [tuple(int(x) for x in SUMMARY.search(out).groups()) for out in outs]  # type: ignore[union-attr]
+        fetched = [c[0] for c in counts]
+        duplicates = [c[2] for c in counts]
+        print(f"two workers: fetched {fetched}, duplicates {duplicates}")
+        assert sum(fetched) == 2000, outs
+        assert duplicates == [0, 0], outs
+        assert _rows(proc_db, slug) == 2000
+        assert client.xpending(f"{stream}.dlq", "dlo-ingest")["pending"] == 0
+    finally:
+        client.delete(stream, f"{stream}.dlq")
+        client.close()
+
+
+def test_long_running_ingest_and_poll_ride_out_database_and_broker_outages(
+    proc_db: ProcDb, tmp_path: Path
+) -> None:
+    server = own_redis(tmp_path)
+    url = f"redis://127.0.0.1:{server.port}/0"
+    client = redis.Redis.from_url(url, socket_timeout=5)
+    stream, slug = "svc", f"svc-{uuid.uuid4().hex[:6]}"
+    client.xgroup_create(stream, "workers", id="0", mkstream=True)
+    _redis_channel(proc_db, slug, stream, "DLO_TEST_SVC_REDIS")
+    env = {"DLO_TEST_SVC_REDIS": url, "DLO_BROKER_TIMEOUT_S": "2"}
+    logs = {"ingest": tmp_path / "ingest.log", "poll": tmp_path / "poll.log"}
+    ingest = proc_db.spawn("ingest", log=logs["ingest"], **env)
+    poll = proc_db.spawn("poll", log=logs["poll"], **env)
+    sent = 0
+
+    def dead_letter(n: int) -> None:
+        nonlocal sent
+        for _ in range(n):
+            client.xadd(f"{stream}.dlq", {"body": b'{"n": %d}' % sent, "reason": b"failed"})
+            sent += 1
+
+    def samples() -> int:
+        return int(proc_db.query("SELECT count(*) FROM channels_registry_channelsample")[0][0])
+
+    def said(name: str, text: str) -> bool:
+        return text in logs[name].read_text()
+
+    try:
+        dead_letter(50)
+        wait_until(lambda: _rows(proc_db, slug) == 50, 60, "the first 50 entries")
+        # 1. PostgreSQL goes away (connections terminated, new ones refused) and comes back.
+        proc_db.cut()
+        dead_letter(50)
+        wait_until(lambda: said("ingest", "database unavailable"), 60, "ingest to notice")
+        wait_until(lambda: said("poll", "database unavailable"), 60, "poll to notice")
+        proc_db.restore()
+        wait_until(lambda: _rows(proc_db, slug) == 100, 90, "ingest after the database outage")
+        before = samples()
+        wait_until(lambda: samples() > before, 60, "poll after the database outage")
+        # 2. The broker is killed (kill -9) and restarted on the same port.
+        server.kill()
+        client.close()
+        wait_until(lambda: said("ingest", "broker unavailable"), 60, "ingest to notice")
+        wait_until(lambda: re.search(rf"{slug}: failed, \d+ channel", logs["poll"].read_text()), 60,
+                   "poll to notice")  # fmt: skip
+        server.start()
+        client = redis.Redis.from_url(url, socket_timeout=5)
+        dead_letter(50)
+        wait_until(lambda: _rows(proc_db, slug) == 150, 120, "ingest after the broker outage")
+        before = samples()
+        wait_until(lambda: samples() > before, 90, "poll after the broker outage")
+    finally:
+        for proc in (ingest, poll):
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in (ingest, poll):
+            proc.wait(timeout=60)
+        ingest_out, poll_out = logs["ingest"].read_text(), logs["poll"].read_text()
+        client.close()
+        server.stop()
+    print(ingest_out[-3000:], poll_out[-3000:], sep="\n---\n")
+    assert ingest.returncode == 0 and poll.returncode == 0
+    for out in (ingest_out, poll_out):
+        assert "Traceback" not in out
+        assert "database unavailable" in out
+        assert out.rstrip().endswith("stopped")
+    assert "broker unavailable" in ingest_out and "broker ok again" in ingest_out
+    assert _rows(proc_db, slug) == sent == 150
