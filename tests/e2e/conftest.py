@@ -21,6 +21,9 @@ from django.db import connection
 
 CHROMIUM = "/usr/bin/chromium"
 ARTIFACTS = Path(__file__).resolve().parents[2] / "artifacts" / "screenshots"
+AXE = Path(__file__).resolve().parent / "node_modules" / "axe-core" / "axe.min.js"
+#: axe-core impacts that fail a journey (minor and moderate ones are reported, not failed).
+AXE_FAILING = ("serious", "critical")
 LAYER_URL = os.environ.get("DLO_TEST_LAYER_REDIS_URL", "redis://127.0.0.1:6379/9")
 
 
@@ -146,10 +149,25 @@ def browser(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
 class Journey:
     """One signed-in browser tab that fails the test on a dialog or a console error."""
 
-    def __init__(self, browser: Any, base: str, name: str) -> None:
+    def __init__(
+        self,
+        browser: Any,
+        base: str,
+        name: str,
+        *,
+        width: int = 1400,
+        height: int = 900,
+        color_scheme: str = "light",
+        **context_options: Any,
+    ) -> None:
         self.base = base
         self.name = name
-        self.context = browser.new_context(viewport={"width": 1400, "height": 900})
+        self.context = browser.new_context(
+            viewport={"width": width, "height": height},
+            color_scheme=color_scheme,
+            **context_options,
+        )
+        self.axe_results: dict[str, list[dict[str, Any]]] = {}
         self.page = self.context.new_page()
         self.page.set_default_timeout(15_000)
         self.dialogs: list[str] = []
@@ -183,6 +201,22 @@ class Journey:
         ARTIFACTS.mkdir(parents=True, exist_ok=True)
         self.page.screenshot(path=str(ARTIFACTS / f"{self.name}-{label}.png"), full_page=True)
 
+    def axe(self, label: str) -> list[dict[str, Any]]:
+        """Run axe-core (tests/e2e/node_modules, ``npm ci``) on the page as it is; return the
+        serious and critical violations (all of them are kept in ``axe_results``)."""
+        if not AXE.exists():
+            required("axe-core", f"{AXE} is missing: run `npm ci` in tests/e2e")
+        # Evaluated through the DevTools protocol, so the page's CSP does not block it.
+        if not self.page.evaluate("() => typeof window.axe !== 'undefined'"):
+            self.page.evaluate(AXE.read_text())
+        result = self.page.evaluate(
+            "() => axe.run(document, {resultTypes: ['violations']})"
+            ".then(r => r.violations.map(v => ({id: v.id, impact: v.impact, help: v.help,"
+            " nodes: v.nodes.slice(0, 5).map(n => n.target.join(' '))})))"
+        )
+        self.axe_results[label] = result
+        return [v for v in result if v["impact"] in AXE_FAILING]
+
     def check_clean(self) -> None:
         assert self.dialogs == [], self.dialogs
         assert self.console_errors == [], self.console_errors
@@ -192,8 +226,8 @@ class Journey:
 def journey(browser: Any, asgi_server: str, request: pytest.FixtureRequest) -> Iterator[Any]:
     tabs: list[Journey] = []
 
-    def open_tab(name: str) -> Journey:
-        tab = Journey(browser, asgi_server, name)
+    def open_tab(name: str, **options: Any) -> Journey:
+        tab = Journey(browser, asgi_server, name, **options)
         tabs.append(tab)
         return tab
 
