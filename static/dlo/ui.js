@@ -62,17 +62,13 @@
     if (e.key === "?") { e.preventDefault(); toggleHelp(); }
   });
 
+  document.addEventListener("click", function (e) {
+    if (e.target.closest && e.target.closest("[data-help-open]")) { toggleHelp(); }
+  });
   document.addEventListener("DOMContentLoaded", function () {
     applyTheme(currentTheme());
     var button = document.getElementById("theme-toggle");
     if (button) { button.hidden = false; button.addEventListener("click", cycleTheme); }
-    document.querySelectorAll("[data-help-open]").forEach(function (b) {
-      b.hidden = false;
-      b.addEventListener("click", toggleHelp);
-    });
-    document.querySelectorAll("[data-help-close]").forEach(function (b) {
-      b.addEventListener("click", toggleHelp);
-    });
     localise(document);
   });
   document.addEventListener("htmx:load", function (e) { localise(e.target); });

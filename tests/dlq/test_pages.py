@@ -293,3 +293,20 @@ def test_groups_show_open_of_total_and_sort_by_open(viewer: User, oncall: User) 
     html = client_for(viewer).get("/dead-letters/").content.decode()
     assert 'aria-label="1 open of 5"' in html and 'aria-label="2 open of 2"' in html
     assert html.index("NotFound") < html.index("Timeout")
+
+
+def test_entry_page_puts_replay_and_discard_at_the_top(oncall: User) -> None:
+    [entry] = store(make_channel(), letter())
+    html = client_for(oncall).get(f"/dead-letters/{entry.pk}/").content.decode()
+    replay = html.index(f'href="/dead-letters/replay/?id={entry.pk}"')
+    assert replay < html.index("<h2>Failure</h2>")
+    assert html.index(f'href="/dead-letters/discard/?id={entry.pk}"') < html.index("<h2>Body")
+
+
+def test_entry_list_offers_select_all_and_a_visible_button_per_shortcut(oncall: User) -> None:
+    store(make_channel(), letter(), letter())
+    html = client_for(oncall).get("/dead-letters/list/").content.decode()
+    assert 'id="select-all"' in html and 'src="/static/dlo/triage.js"' in html
+    for key in ("j", "k", "x", "/", "r", "d"):
+        assert f'aria-keyshortcuts="{key}"' in html, key
+    assert 'id="shortcut-help"' in html
