@@ -1,41 +1,55 @@
-"""Token authentication for the JSON API and ``/metrics``.
+"""The JSON API's plumbing on Django REST framework: bearer-token authentication, the error
+shape, and the OpenAPI schema's shared error responses.
 
-``@api_view`` marks a view as reachable without a session (it is exempt from the login redirect
-and from CSRF, since it never uses cookies), authenticates ``Authorization: Bearer <token>``
-(a session also works, for the browser), and answers 401 JSON instead of redirecting, and
-``PermissionDenied`` / ``Http404`` from the shared access helpers as 403 / 404 JSON.
+* ``Authorization: Bearer <token>`` (``manage.py apitoken``) authenticates scripts; a request
+  that sends the header is judged by it alone, so a bad token is a 401 even with a session.
+* A session authenticates the browser, and DRF's ``SessionAuthentication`` then enforces CSRF
+  on every unsafe method (issue 12, item 3): a cross-site form cannot act as the signed-in user.
+* Every error is ``{"error": "<message>"}`` (plus ``"fields"`` for a 400 naming the bad
+  parameters); the access helpers' ``PermissionDenied`` / ``Http404`` become 403 / 404.
+
+The views live with their apps (``dlq.api``, ``dlq.plan_api``, ``audit.api``); the settings name
+these classes by dotted path, so the lower apps never import this module.
 """
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable
 from typing import Any
 
-from django.contrib.auth.decorators import login_not_required
-from django.core.exceptions import PermissionDenied
-from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
+from django.http import HttpRequest, JsonResponse
 from django.utils import timezone
-from django.views.decorators.csrf import csrf_exempt
+from rest_framework import exceptions
+from rest_framework.authentication import BaseAuthentication
+from rest_framework.request import Request
+from rest_framework.response import Response
 
 from dashboard.models import ApiToken, hash_token
 
-View = Callable[..., HttpResponse]
+UNAUTHENTICATED = "authentication required: send Authorization: Bearer <token>"
+BAD_TOKEN = "invalid or revoked token"
 
 
-def authenticate_token(request: HttpRequest) -> bool:
-    header = request.headers.get("Authorization", "")
+def user_for_authorization(header: str) -> Any | None:
+    """The active user of a ``Bearer`` header's unrevoked token (its last use noted), or None."""
     if not header.startswith("Bearer "):
-        return False
+        return None
     token = (
         ApiToken.objects.select_related("user")
         .filter(token_hash=hash_token(header[7:].strip()), revoked=False)
         .first()
     )
     if token is None or not token.user.is_active:
-        return False
+        return None
     ApiToken.objects.filter(pk=token.pk).update(last_used_at=timezone.now())
-    request.user = token.user
+    return token.user
+
+
+def authenticate_token(request: HttpRequest) -> bool:
+    """For plain Django views (``/metrics``): set ``request.user`` from the bearer token."""
+    user = user_for_authorization(request.headers.get("Authorization", ""))
+    if user is None:
+        return False
+    request.user = user
     return True
 
 
@@ -43,20 +57,100 @@ def api_error(status: int, message: str) -> JsonResponse:
     return JsonResponse({"error": message}, status=status)
 
 
-def api_view(view: View) -> View:
-    @functools.wraps(view)
-    def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
-        if "Authorization" in request.headers:
-            if not authenticate_token(request):
-                return api_error(401, "invalid or revoked token")
-        elif not request.user.is_authenticated:
-            return api_error(401, "authentication required: send Authorization: Bearer <token>")
-        # The access helpers the pages use raise these; an API answers them as JSON.
-        try:
-            return view(request, *args, **kwargs)
-        except PermissionDenied as exc:
-            return api_error(403, str(exc) or "permission denied")
-        except Http404 as exc:
-            return api_error(404, str(exc) or "not found")
+class BearerTokenAuthentication(BaseAuthentication):
+    """``Authorization: Bearer <token>``. Any ``Authorization`` header is taken as an attempt:
+    if it does not name a valid token the answer is 401, never a fall-back to the session."""
 
-    return login_not_required(csrf_exempt(wrapper))
+    def authenticate(self, request: Request) -> tuple[Any, None] | None:
+        header = request.META.get("HTTP_AUTHORIZATION")
+        if header is None:
+            return None
+        user = user_for_authorization(header)
+        if user is None:
+            raise exceptions.AuthenticationFailed(BAD_TOKEN)
+        return user, None
+
+    def authenticate_header(self, request: Request) -> str:
+        # Makes DRF answer a missing login with 401 (not 403), as the API always has.
+        return 'Bearer realm="api"'
+
+
+def _message(detail: Any) -> str:
+    if isinstance(detail, list):
+        return "; ".join(_message(item) for item in detail)
+    if isinstance(detail, dict):
+        return "; ".join(f"{key}: {_message(value)}" for key, value in detail.items())
+    return str(detail)
+
+
+def api_exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
+    """DRF's handler (which maps Django's PermissionDenied/Http404 too), reshaped to
+    ``{"error": …}``; a validation error also lists its ``fields``."""
+    # Imported here: the settings name this module, and rest_framework.views reads them.
+    from rest_framework.views import exception_handler
+
+    if isinstance(exc, exceptions.NotAuthenticated):
+        exc = exceptions.NotAuthenticated(UNAUTHENTICATED)
+    response = exception_handler(exc, context)
+    if response is None:
+        return None
+    detail = response.data
+    if isinstance(exc, exceptions.ValidationError) and isinstance(detail, dict):
+        fields = {key: [str(m) for m in value] if isinstance(value, list) else [_message(value)]
+                  for key, value in detail.items()}  # fmt: skip
+        response.data = {"error": _message(detail), "fields": fields}
+    elif isinstance(detail, dict) and "detail" in detail:
+        response.data = {"error": str(detail["detail"])}
+    else:
+        response.data = {"error": _message(detail)}
+    return response
+
+
+# -- OpenAPI ---------------------------------------------------------------------------------
+
+
+_ERRORS = {
+    "400": "A parameter or the body is invalid.",
+    "401": "No credentials, or an invalid or revoked token.",
+    "403": "The user lacks the role, or (session) the CSRF token is missing.",
+    "404": "No such object.",
+    "405": "Method not allowed.",
+    "406": "Only application/json is offered.",
+    "415": "The body must be application/json.",
+}
+_BODY_ONLY = {"415"}
+_PATH_ONLY = {"404"}
+
+
+def add_error_responses(result: dict[str, Any], generator: Any, **kwargs: Any) -> dict[str, Any]:
+    """drf-spectacular post-processing hook: every operation documents the error answers the
+    framework can give it, all with the one ``Error`` shape."""
+    schemas = result.setdefault("components", {}).setdefault("schemas", {})
+    schemas.setdefault(
+        "Error",
+        {
+            "type": "object",
+            "properties": {
+                "error": {"type": "string"},
+                "fields": {
+                    "type": "object",
+                    "additionalProperties": {"type": "array", "items": {"type": "string"}},
+                },
+            },
+            "required": ["error"],
+        },
+    )
+    ref = {"$ref": "#/components/schemas/Error"}
+    for path, methods in result.get("paths", {}).items():
+        for operation in methods.values():
+            responses = operation.setdefault("responses", {})
+            for status, text in _ERRORS.items():
+                if status in _BODY_ONLY and "requestBody" not in operation:
+                    continue
+                if status in _PATH_ONLY and "{" not in path:
+                    continue
+                responses.setdefault(
+                    status,
+                    {"description": text, "content": {"application/json": {"schema": ref}}},
+                )
+    return result

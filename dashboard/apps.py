@@ -8,6 +8,8 @@ class DashboardConfig(AppConfig):
     verbose_name = "Health board"
 
     def ready(self) -> None:
-        from dashboard import scheduler
+        from dashboard import api_schema, scheduler
+
+        _ = api_schema  # registers the bearer scheme with drf-spectacular
 
         scheduler.start_if_enabled()

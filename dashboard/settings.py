@@ -87,6 +87,9 @@ INSTALLED_APPS = [
     "django_htmx",
     "template_partials",
     "channels",
+    "rest_framework",
+    "drf_spectacular",
+    "drf_spectacular_sidecar",
     # The product, as a map: health board, registry, broker-neutral DLQ triage, audit, alerts.
     "dashboard",
     "channels_registry",
@@ -261,6 +264,46 @@ DLO_FOUR_EYES_THRESHOLD = env_int("DLO_FOUR_EYES_THRESHOLD", 1000)
 METRICS_ALLOWED_NETWORKS = env_list("METRICS_ALLOWED_NETWORKS", "127.0.0.1/32,::1/128")
 DLO_ALERT_GROUP_WAIT_S = env_int("DLO_ALERT_GROUP_WAIT_S", 30)
 DLO_BASE_URL = env_str("DLO_BASE_URL", "")
+
+# The JSON API (/api/): bearer tokens for scripts, the session (with CSRF) for the browser;
+# JSON in and out only (no browsable API: its pages need inline script the CSP forbids).
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "dashboard.api.BearerTokenAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "EXCEPTION_HANDLER": "dashboard.api.api_exception_handler",
+    "UNAUTHENTICATED_USER": None,
+}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "Dead Letter Office API",
+    "DESCRIPTION": (
+        "Dead letters, replay/discard plans and the audit trail. Authenticate with "
+        "`Authorization: Bearer <token>` (`manage.py apitoken create USER NAME`), or with the "
+        "browser session plus the CSRF token for writes."
+    ),
+    "VERSION": "1",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "SERVE_PERMISSIONS": ["rest_framework.permissions.IsAuthenticated"],
+    "SERVE_AUTHENTICATION": [
+        "dashboard.api.BearerTokenAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+    ],
+    "SCHEMA_PATH_PREFIX": "/api/",
+    "COMPONENT_SPLIT_REQUEST": True,
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "dashboard.api.add_error_responses",
+    ],
+    # Swagger UI from the sidecar package (served by WhiteNoise), never a CDN.
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+}
 
 # Security headers. The CSP allows no inline or eval'd script; styles may be inline for the
 # Django admin's own markup only.

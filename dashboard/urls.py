@@ -2,7 +2,9 @@ from __future__ import annotations
 
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
+from django.contrib.auth.decorators import login_required
 from django.urls import include, path
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 
 from alerts import views as alert_views
 from dashboard import board, views
@@ -19,10 +21,18 @@ urlpatterns = [
     path("favicon.ico", views.favicon, name="favicon"),
     path("channels/", include("channels_registry.urls")),
     path("dead-letters/", include("dlq.urls")),
-    path("api/dead-letters/", include("dlq.api")),
     path("audit/", include("audit.urls")),
-    path("api/replay-plans/", include("dlq.plan_urls")),
+    path("api/dead-letters/", include("dlq.api")),
+    path("api/replay-plans/", include("dlq.plan_api")),
     path("api/audit-events/", include("audit.api")),
+    # The schema answers scripts (a token; 401 without). The docs page is for the browser: DRF
+    # views skip LoginRequiredMiddleware, so it asks for the sign-in page itself.
+    path("api/schema/", SpectacularAPIView.as_view(), name="api_schema"),
+    path(
+        "api/docs/",
+        login_required(SpectacularSwaggerSplitView.as_view(url_name="api_schema")),
+        name="api_docs",
+    ),
     path("alerts/", include("alerts.urls")),
     path("metrics", alert_views.metrics_view, name="metrics"),
     path("admin/", admin.site.urls),

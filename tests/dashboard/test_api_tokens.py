@@ -5,18 +5,12 @@ from __future__ import annotations
 import pytest
 from django.contrib.auth.models import User
 from django.core.management import call_command
-from django.http import HttpRequest, HttpResponse, JsonResponse
-from django.test import RequestFactory
+from django.test import Client
 
-from dashboard.api import api_view
 from dashboard.models import ApiToken
 
 pytestmark = pytest.mark.django_db
-
-
-@api_view
-def whoami(request: HttpRequest) -> HttpResponse:
-    return JsonResponse({"user": request.user.get_username()})
+URL = "/api/replay-plans/"
 
 
 def test_token_authenticates_and_revocation_refuses(
@@ -26,24 +20,16 @@ def test_token_authenticates_and_revocation_refuses(
     raw = capsys.readouterr().out.strip().split()[-1]
     token = ApiToken.objects.get()
     assert raw not in token.token_hash and token.prefix == raw[4:12]
-    request = RequestFactory().get("/api/x", headers={"Authorization": f"Bearer {raw}"})
-    response = whoami(request)
-    assert response.status_code == 200 and b"vera" in response.content
+    headers = {"Authorization": f"Bearer {raw}"}
+    assert Client().get(URL, headers=headers).status_code == 200
+    token.refresh_from_db()
+    assert token.last_used_at is not None
     call_command("apitoken", "revoke", token.prefix)
-    assert (
-        whoami(
-            RequestFactory().get("/api/x", headers={"Authorization": f"Bearer {raw}"})
-        ).status_code
-        == 401
-    )
+    assert Client().get(URL, headers=headers).status_code == 401
 
 
 def test_missing_or_bad_token_is_401_json() -> None:
-    from django.contrib.auth.models import AnonymousUser
-
-    request = RequestFactory().get("/api/x")
-    request.user = AnonymousUser()
-    response = whoami(request)
+    response = Client().get(URL)
     assert response.status_code == 401 and b"authentication required" in response.content
-    bad = whoami(RequestFactory().get("/api/x", headers={"Authorization": "Bearer nope"}))
-    assert bad.status_code == 401
+    assert Client().get(URL, headers={"Authorization": "Bearer nope"}).status_code == 401
+    assert Client().get(URL, headers={"Authorization": "Basic eDp5"}).status_code == 401

@@ -129,8 +129,11 @@ def test_api_refuses_viewers_and_a_missing_reason(viewer: User, oncall: User) ->
     ("extra", "message"),
     [
         ({"filter": ["channel", "orders"]}, "filter must be an object"),
-        ({"canary_size": 2, "canary_wait_s": float("inf")}, "canary_wait_s"),
-        ({"canary_size": 2, "canary_wait_s": float("nan")}, "canary_wait_s"),
+        # Strict JSON: NaN and Infinity are not JSON, so the parser refuses them.
+        ({"canary_size": 2, "canary_wait_s": float("inf")}, "JSON parse error"),
+        ({"canary_size": 2, "canary_wait_s": float("nan")}, "JSON parse error"),
+        ({"canary_size": 2, "canary_wait_s": "nan"}, "canary_wait_s"),
+        ({"rate": "inf"}, "rate"),
         ({"canary_size": -1}, "canary_size"),
     ],
 )
