@@ -16,8 +16,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.contrib.auth.decorators import login_not_required
 from django.http import HttpRequest, JsonResponse
 from django.utils import timezone
+from django.views.decorators.csrf import csrf_exempt
 from rest_framework import exceptions
 from rest_framework.authentication import BaseAuthentication
 from rest_framework.request import Request
@@ -55,6 +57,13 @@ def authenticate_token(request: HttpRequest) -> bool:
 
 def api_error(status: int, message: str) -> JsonResponse:
     return JsonResponse({"error": message}, status=status)
+
+
+@csrf_exempt  # it writes nothing, and a 404 is what any method on an unknown path should get
+@login_not_required
+def api_not_found(request: HttpRequest, *args: Any, **kwargs: Any) -> JsonResponse:
+    """Any other ``/api/…/`` path: a JSON 404 rather than the HTML page."""
+    return api_error(404, "no such API endpoint")
 
 
 class BearerTokenAuthentication(BaseAuthentication):
@@ -124,7 +133,8 @@ _PATH_ONLY = {"404"}
 
 def add_error_responses(result: dict[str, Any], generator: Any, **kwargs: Any) -> dict[str, Any]:
     """drf-spectacular post-processing hook: every operation documents the error answers the
-    framework can give it, all with the one ``Error`` shape."""
+    framework can give it, all with the one ``Error`` shape; and every query parameter may be
+    sent empty (``?since=``), which means "not set", as on the pages' forms."""
     schemas = result.setdefault("components", {}).setdefault("schemas", {})
     schemas.setdefault(
         "Error",
@@ -143,6 +153,9 @@ def add_error_responses(result: dict[str, Any], generator: Any, **kwargs: Any) -
     ref = {"$ref": "#/components/schemas/Error"}
     for path, methods in result.get("paths", {}).items():
         for operation in methods.values():
+            for parameter in operation.get("parameters", []):
+                if parameter.get("in") == "query":
+                    parameter["allowEmptyValue"] = True
             responses = operation.setdefault("responses", {})
             for status, text in _ERRORS.items():
                 if status in _BODY_ONLY and "requestBody" not in operation:

@@ -3,11 +3,12 @@ from __future__ import annotations
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.contrib.auth.decorators import login_required
-from django.urls import include, path
+from django.urls import include, path, re_path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 
 from alerts import views as alert_views
 from dashboard import board, views
+from dashboard.api import api_not_found
 
 admin.site.site_header = "Dead Letter Office — registry"
 admin.site.site_title = "Dead Letter Office"
@@ -33,6 +34,7 @@ urlpatterns = [
         login_required(SpectacularSwaggerSplitView.as_view(url_name="api_schema")),
         name="api_docs",
     ),
+    re_path(r"^api/.*/$", api_not_found),  # after every API route: unknown ones 404 as JSON
     path("alerts/", include("alerts.urls")),
     path("metrics", alert_views.metrics_view, name="metrics"),
     path("admin/", admin.site.urls),

@@ -162,3 +162,9 @@ def test_a_plan_request_with_a_nul_byte_or_an_odd_time_is_a_400(
     )  # fmt: skip
     assert response.status_code == 400, response.content
     assert not ReplayPlan.objects.exists()
+
+
+def test_an_unknown_api_path_is_a_json_404(viewer: User) -> None:
+    for url in ("/api/replay-plans/null,null/", "/api/nothing/here/"):
+        response = Client().get(url, headers=bearer(viewer))
+        assert response.status_code == 404 and response.json() == {"error": "no such API endpoint"}

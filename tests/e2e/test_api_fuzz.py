@@ -1,5 +1,6 @@
 """Schemathesis against the live API (daphne on the test database, PostgreSQL in CI), once with
-a viewer's token and once with an on-call's: every phase (examples, coverage, fuzzing, stateful
+a viewer's token and once with an on-call's (plus a compliance token on the audit trail, the
+one operation both of those are refused): every phase (examples, coverage, fuzzing, stateful
 via the links it infers), positive and negative data, and every check that applies, plus ours:
 a viewer's write never succeeds. The budget is fixed and the seed too, so a run is bounded and
 repeatable; the JSON report of each run lands in ``artifacts/``."""
@@ -23,7 +24,7 @@ pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "artifacts"
-MAX_EXAMPLES = 40
+MAX_EXAMPLES = 25
 SEED = 20261201
 # positive_data_acceptance expects every schema-valid request to succeed, but a valid filter
 # can still name a plan status that no plan has (fine) or an entry id that is not there (404,
@@ -32,16 +33,17 @@ SEED = 20261201
 EXCLUDED_CHECKS = "positive_data_acceptance"
 
 
-def _seed_data() -> dict[str, str]:
+USERS = {"viewer": "vera", "oncall": "otto", "compliance": "cora"}
+
+
+def _seed_data(role: str) -> str:
+    """Entries to list and to act on, and the role's token."""
     channel = make_channel()
     store(channel, *[letter() for _ in range(5)])
-    tokens = {}
-    for role, name in (("viewer", "vera"), ("oncall", "otto")):
-        tokens[role] = ApiToken.issue(make_user(name, role), "fuzz")[1]
-    return tokens
+    return ApiToken.issue(make_user(USERS[role], role), "fuzz")[1]
 
 
-def _fuzz(server: str, role: str, token: str) -> dict[str, Any]:
+def _fuzz(server: str, role: str, token: str, *extra: str) -> dict[str, Any]:
     ARTIFACTS.mkdir(exist_ok=True)
     report = ARTIFACTS / f"schemathesis-{role}.json"
     command = [
@@ -50,7 +52,7 @@ def _fuzz(server: str, role: str, token: str) -> dict[str, Any]:
         "--checks", "all", "--exclude-checks", EXCLUDED_CHECKS,
         "--mode", "all", "--max-examples", str(MAX_EXAMPLES), "--seed", str(SEED),
         "--generation-database", "none", "--workers", "1", "--request-timeout", "20",
-        "--report", "json", "--report-json-path", str(report), "--no-color",
+        "--report", "json", "--report-json-path", str(report), "--no-color", *extra,
     ]  # fmt: skip
     env = {**os.environ, "SCHEMATHESIS_HOOKS": "tests.e2e.fuzz_checks", "DLO_FUZZ_ROLE": role}
     result = subprocess.run(
@@ -61,7 +63,27 @@ def _fuzz(server: str, role: str, token: str) -> dict[str, Any]:
     return dict(json.loads(report.read_text()))
 
 
+def _accepted(report: dict[str, Any], operation: str) -> int:
+    rates = report["valid_rates"].get(operation, {})
+    return sum(phase.get("accepted", 0) for phase in rates.values())
+
+
 @pytest.mark.parametrize("role", ["viewer", "oncall"])
 def test_schemathesis_finds_nothing(asgi_server: str, role: str) -> None:
-    tokens = _seed_data()
-    _fuzz(asgi_server, role, tokens[role])
+    report = _fuzz(asgi_server, role, _seed_data(role))
+    assert report["complete"] and report["failures"] == [] and report["errors"] == []
+    assert report["operations"]["tested"] == report["operations"]["total"] == 5
+    assert report["test_cases"]["generated"] >= 100 * MAX_EXAMPLES // 25
+    assert all(phase["status"] == "success" for phase in report["phases"].values()
+               if phase["status"] != "skip")  # fmt: skip
+    creates = _accepted(report, "POST /api/replay-plans/")
+    # The viewer's writes were all refused; the on-call's got through, so the write path ran.
+    assert creates == 0 if role == "viewer" else creates > 0
+
+
+def test_schemathesis_on_the_audit_trail_with_a_compliance_token(asgi_server: str) -> None:
+    token = _seed_data("compliance")
+    report = _fuzz(asgi_server, "compliance", token, "--include-path", "/api/audit-events/")
+    assert report["complete"] and report["failures"] == [] and report["errors"] == []
+    assert report["operations"]["tested"] == 1
+    assert _accepted(report, "GET /api/audit-events/") > 0
