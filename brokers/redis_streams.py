@@ -111,6 +111,8 @@ def _int_or_none(value: Any) -> int | None:
 
 def _broker_error(exc: BaseException, what: str) -> BrokerError:
     """Map a redis-py (or URL) failure to ``BrokerError`` with the right ``permanent`` flag."""
+    if isinstance(exc, BrokerError):
+        return exc
     permanent_types = (
         ValueError,  # malformed URL
         rexc.AuthenticationError,
