@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-from collections.abc import Sequence
+import itertools
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from django.utils import timezone
@@ -63,7 +64,7 @@ def _draw(segments: list[str]) -> SafeString:
 
 
 def sparkline(
-    series: Series, start: float, end: float, *, width: int = 120, height: int = 24
+    series: Series, start: float, end: float, *, width: int = 140, height: int = 32
 ) -> SafeString:
     known = [v for _, v in series if v is not None]
     if not known:
@@ -78,47 +79,208 @@ def sparkline(
         )
     top = max(known)
     lines = _draw(_segments(series, start, end, top, width, height))
+    text = f"backlog, last hour: max {top:,.0f}, now {known[-1]:,.0f}"
     return format_html(
         '<svg class="spark" width="{}" height="{}" viewBox="0 0 {} {}" role="img"'
-        ' aria-label="backlog, last hour: max {}">{}</svg>',
+        ' aria-label="{}"><title>{}</title>{}</svg>',
         width,
         height,
         width,
         height,
-        f"{top:,.0f}",
+        text,
+        text,
         lines,
     )
 
 
-def line_chart(
-    series: Series, start: float, end: float, *, label: str, width: int = 640, height: int = 120
+@dataclasses.dataclass(frozen=True)
+class ChartEvent:
+    """Something that happened to the channel, marked on its charts: ``end`` set draws a band
+    (a replay plan's run), else a line (a failure group first seen, an alert firing)."""
+
+    t: float
+    kind: str  # "group", "plan" or "alert": the mark's CSS class
+    label: str
+    end: float | None = None
+
+
+#: Upper apps (dlq, alerts) register where their events come from: lower floors do not import
+#: them. Each source answers ``(channel, start, end)`` with the events in that range.
+EventSource = Callable[[Channel, dt.datetime, dt.datetime], list[ChartEvent]]
+_event_sources: list[EventSource] = []
+
+
+def register_event_source(source: EventSource) -> None:
+    if source not in _event_sources:
+        _event_sources.append(source)
+
+
+def chart_events(channel: Channel, start: dt.datetime, end: dt.datetime) -> list[ChartEvent]:
+    events = [e for source in _event_sources for e in source(channel, start, end)]
+    return sorted(events, key=lambda e: e.t)[:MAX_EVENTS]
+
+
+@dataclasses.dataclass(frozen=True)
+class Line:
+    key: str  # CSS class suffix: the series' colour
+    label: str
+    points: Series
+
+
+WIDTH, HEIGHT, PAD = 640, 140, 44
+HOVER_BANDS = 120
+MAX_EVENTS = 50
+
+
+def _clock(t: float) -> str:
+    return dt.datetime.fromtimestamp(t, tz=dt.UTC).strftime("%H:%M:%S UTC")
+
+
+def _hover_bands(
+    lines: list[Line], start: float, end: float, width: float, fmt: Callable[[float], str]
 ) -> SafeString:
-    """A labelled line chart with a zero baseline, the max value and the time span."""
-    known = [v for _, v in series if v is not None]
+    """Transparent columns over the plot, each titled with every series' value at that time:
+    the browser shows the title on hover, no script needed (CSP)."""
+    times = sorted({t for line in lines for t, _ in line.points})
+    if not times:
+        return mark_safe("")
+    step = max(1, -(-len(times) // HOVER_BANDS))
+    picked = times[step - 1 :: step] or times[-1:]
+    if picked[-1] != times[-1]:
+        picked.append(times[-1])
+    values = [dict(line.points) for line in lines]
+    span = max(end - start, 1.0)
+    xs = [(t - start) / span * width for t in picked]
+    parts = []
+    for i, t in enumerate(picked):
+        left = 0.0 if i == 0 else (xs[i - 1] + xs[i]) / 2
+        right = width if i == len(picked) - 1 else (xs[i] + xs[i + 1]) / 2
+        # The value at or just before t in each series (a bucket's last point).
+        text = " · ".join(
+            f"{line.label} {_value_at(v, t, fmt)}" for line, v in zip(lines, values, strict=True)
+        )
+        parts.append(
+            format_html(
+                '<rect class="hit" x="{}" y="0" width="{}" height="{}">'
+                "<title>{}: {}</title></rect>",
+                f"{left:.1f}",
+                f"{max(right - left, 0.5):.1f}",
+                HEIGHT,
+                _clock(t),
+                text,
+            )
+        )
+    return mark_safe("".join(parts))
+
+
+def _value_at(values: dict[float, float | None], t: float, fmt: Callable[[float], str]) -> str:
+    if t in values:
+        v = values[t]
+        return "unknown" if v is None else fmt(v)
+    earlier = [k for k in values if k <= t]
+    if not earlier:
+        return "—"
+    v = values[max(earlier)]
+    return "unknown" if v is None else fmt(v)
+
+
+def _marks(events: list[ChartEvent], start: float, end: float, width: float) -> SafeString:
+    span = max(end - start, 1.0)
+    parts = []
+    for e in events:
+        x = max(0.0, min(width, (e.t - start) / span * width))
+        title = f"{_clock(e.t)}: {e.label}"
+        if e.end is not None:
+            x2 = max(x + 1.0, min(width, (e.end - start) / span * width))
+            parts.append(
+                format_html(
+                    '<rect class="mark mark-{}" x="{}" y="0" width="{}" height="{}">'
+                    "<title>{} – {}</title></rect>",
+                    e.kind,
+                    f"{x:.1f}",
+                    f"{x2 - x:.1f}",
+                    HEIGHT,
+                    title,
+                    _clock(e.end),
+                )
+            )
+        else:
+            parts.append(
+                format_html(
+                    '<g class="mark mark-{}"><line x1="{}" y1="0" x2="{}" y2="{}"/>'
+                    '<rect class="mark-hit" x="{}" y="0" width="6" height="{}"><title>{}</title>'
+                    "</rect></g>",
+                    e.kind,
+                    f"{x:.1f}",
+                    f"{x:.1f}",
+                    HEIGHT,
+                    f"{x - 3:.1f}",
+                    HEIGHT,
+                    title,
+                )
+            )
+    return mark_safe("".join(parts))
+
+
+def line_chart(
+    lines: list[Line],
+    start: float,
+    end: float,
+    *,
+    label: str,
+    events: Sequence[ChartEvent] = (),
+    fmt: Callable[[float], str] = lambda v: f"{v:,.0f}",
+) -> SafeString:
+    """A labelled chart of one or more series with a zero baseline, the max value, the time
+    span, values on hover and the channel's events marked (see ``ChartEvent``)."""
+    known = [v for line in lines for _, v in line.points if v is not None]
     top = max(known) if known else 0.0
-    pad = 40
-    lines = _draw(_segments(series, start, end, top, width - pad, height))
-    summary = f"max {top:,.0f}, last {known[-1]:,.0f}" if known else "no data"
+    plot = WIDTH - PAD
+    drawn = [
+        format_html(
+            '<g class="series s-{}">{}</g>',
+            line.key,
+            _draw(_segments(line.points, start, end, top, plot, HEIGHT)),
+        )
+        for line in lines
+    ]
+    last = {line.label: [v for _, v in line.points if v is not None] for line in lines}
+    summary = (
+        ", ".join(f"{name} last {fmt(vs[-1])}" for name, vs in last.items() if vs)
+        if known
+        else "no data"
+    )
+    legend = mark_safe(
+        "".join(
+            format_html('<span class="key s-{}">{}</span>', line.key, line.label) for line in lines
+        )
+    )
     return format_html(
-        '<figure class="chart"><figcaption>{} <span class="sub">{}</span></figcaption>'
+        '<figure class="chart"><figcaption>{} <span class="legend">{}</span>'
+        ' <span class="sub">max {}; {}</span></figcaption>'
         '<svg width="100%" viewBox="0 0 {} {}" preserveAspectRatio="none" role="img"'
-        ' aria-label="{}: {}"><g transform="translate({},0)">'
-        '<line class="axis" x1="0" y1="{}" x2="{}" y2="{}"/>{}</g>'
+        ' aria-label="{}: max {}; {}"><g transform="translate({},0)">'
+        '<line class="axis" x1="0" y1="{}" x2="{}" y2="{}"/>{}{}{}</g>'
         '<text x="0" y="10">{}</text><text x="0" y="{}">0</text></svg>'
         '<div class="chart-x sub"><span>{} ago</span><span>now</span></div></figure>',
         label,
+        legend,
+        fmt(top) if known else "—",
         summary,
-        width,
-        height,
+        WIDTH,
+        HEIGHT,
         label,
+        fmt(top) if known else "—",
         summary,
-        pad,
-        height - 1,
-        width - pad,
-        height - 1,
-        lines,
-        f"{top:,.0f}" if known else "",
-        height - 2,
+        PAD,
+        HEIGHT - 1,
+        plot,
+        HEIGHT - 1,
+        _marks(list(events), start, end, plot),
+        mark_safe("".join(drawn)),
+        _hover_bands(lines, start, end, plot, fmt),
+        fmt(top) if known else "",
+        HEIGHT - 2,
         fmt_duration(end - start),
     )
 
@@ -130,15 +292,11 @@ class ChartPoint:
     in_flight: float | None
     consumers: float | None
     dlq_depth: float | None
+    poison_depth: float | None
+    produced: float | None = None
 
 
-FIELDS = ("backlog", "in_flight", "consumers", "dlq_depth")
-LABELS = {
-    "backlog": "Backlog",
-    "in_flight": "In flight",
-    "consumers": "Consumers",
-    "dlq_depth": "DLQ depth",
-}
+FIELDS = ("backlog", "in_flight", "consumers", "dlq_depth", "poison_depth")
 
 
 def _bucket(points: list[ChartPoint], start: float, end: float) -> list[ChartPoint]:
@@ -152,17 +310,25 @@ def _bucket(points: list[ChartPoint], start: float, end: float) -> list[ChartPoi
     return [buckets[k] for k in sorted(buckets)]
 
 
-def channel_charts(channel: Channel, range_key: str) -> dict[str, Any]:
-    """Context for the channel page's charts: raw samples for 1 h, minute rollups beyond."""
-    range_key = range_key if range_key in RANGES else "1h"
-    end_dt = timezone.now()
-    start_dt = end_dt - RANGES[range_key]
-    points: list[ChartPoint]
+def _rates(points: list[ChartPoint]) -> list[tuple[float, float | None]]:
+    """Messages published per second between samples, from the ``produced`` counter; a reset
+    (the counter went down: a broker restart) or an unknown is a gap."""
+    rates: list[tuple[float, float | None]] = []
+    for before, after in itertools.pairwise(points):
+        if before.produced is None or after.produced is None or after.t <= before.t:
+            rates.append((after.t, None))
+            continue
+        grown = after.produced - before.produced
+        rates.append((after.t, grown / (after.t - before.t) if grown >= 0 else None))
+    return rates
+
+
+def _points(channel: Channel, range_key: str, start_dt: dt.datetime) -> list[ChartPoint]:
     if range_key == "1h":
         rows: Any = (
             ChannelSample.objects.filter(channel=channel, taken_at__gte=start_dt)
             .order_by("taken_at")
-            .values_list("taken_at", *FIELDS)
+            .values_list("taken_at", *FIELDS, "produced")
         )
     else:
         rows = (
@@ -170,16 +336,58 @@ def channel_charts(channel: Channel, range_key: str) -> dict[str, Any]:
             .order_by("minute")
             .values_list("minute", *FIELDS)
         )
-    points = [ChartPoint(t.timestamp(), *values) for t, *values in rows]
+    return [ChartPoint(t.timestamp(), *values) for t, *values in rows]
+
+
+def channel_charts(channel: Channel, range_key: str) -> dict[str, Any]:
+    """Context for the channel page's charts: raw samples for 1 h, minute rollups beyond; the
+    inflow rate needs the raw counters, so it is drawn for 1 h only."""
+    range_key = range_key if range_key in RANGES else "1h"
+    end_dt = timezone.now()
+    start_dt = end_dt - RANGES[range_key]
     start, end = start_dt.timestamp(), end_dt.timestamp()
-    points = _bucket(points, start, end)
+    points = _bucket(_points(channel, range_key, start_dt), start, end)
+    events = chart_events(channel, start_dt, end_dt)
+
+    def series(name: str) -> Series:
+        return [(p.t, getattr(p, name)) for p in points]
+
     charts = [
-        line_chart([(p.t, getattr(p, name)) for p in points], start, end, label=LABELS[name])
-        for name in FIELDS
-    ]
+        line_chart(
+            [Line("backlog", "Backlog", series("backlog")),
+             Line("in-flight", "In flight", series("in_flight"))],
+            start, end, label="Backlog", events=events,
+        ),
+        line_chart(
+            [Line("dlq", "DLQ depth", series("dlq_depth")),
+             Line("poison", "Poison", series("poison_depth"))],
+            start, end, label="Dead letters on the broker", events=events,
+        ),
+    ]  # fmt: skip
+    if range_key == "1h":
+        charts.append(
+            line_chart(
+                [Line("inflow", "Inflow", _rates(points))],
+                start,
+                end,
+                label="Inflow rate (msg/s)",
+                events=events,
+                fmt=lambda v: f"{v:,.1f}",
+            )
+        )
+    charts.append(
+        line_chart(
+            [Line("consumers", "Consumers", series("consumers"))],
+            start,
+            end,
+            label="Consumers",
+            events=events,
+        )
+    )
     return {
         "charts": mark_safe("".join(charts)),
         "chart_range": range_key,
         "chart_ranges": list(RANGES),
         "chart_points": len(points),
+        "chart_events": events,
     }

@@ -8,7 +8,10 @@ class DlqConfig(AppConfig):
     verbose_name = "Dead letters"
 
     def ready(self) -> None:
+        from channels_registry.charts import register_event_source
         from channels_registry.polling import register_unresolved_counter
+        from dlq.chart_events import dead_letter_events
         from dlq.models import count_unresolved
 
         register_unresolved_counter(count_unresolved)
+        register_event_source(dead_letter_events)

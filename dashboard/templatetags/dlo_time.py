@@ -33,3 +33,11 @@ def when(value: dt.datetime | None, style: str = "minutes") -> SafeString | str:
         utc.strftime(FORMATS["seconds"]),
         utc.strftime(FORMATS[style]),
     )
+
+
+@register.filter
+def epoch_when(value: float | None, style: str = "seconds") -> SafeString | str:
+    """``when`` for epoch seconds (chart events)."""
+    if value is None:
+        return "—"
+    return when(dt.datetime.fromtimestamp(value, tz=dt.UTC), style)

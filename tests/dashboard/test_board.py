@@ -193,10 +193,11 @@ def test_channel_page_shows_state_evidence_charts_and_observed(viewer: Any) -> N
     assert 'class="state state-lagging">Lagging<' in content
     assert "backlog grew 4,210 → 9,877 over 10 min while acks stalled" in content
     assert "Queue orders has no dead-letter exchange" in content
-    assert content.count('<figure class="chart">') == 4
-    assert "max 400, last 0" in content  # backlog over the last hour, from raw samples
+    assert content.count('<figure class="chart">') == 4  # backlog, dead letters, inflow, consumers
+    assert "max 400; Backlog last 0" in content  # backlog over the last hour, from raw samples
     day = client.get(channel.get_absolute_url() + "?range=24h").content.decode()
-    assert "max 40, last 0" in day  # from the minute rollups
+    assert "max 40; Backlog last 0" in day  # from the minute rollups
+    assert day.count('<figure class="chart">') == 3  # no inflow rate without raw counters
     assert 'aria-current="page" class="current">24h<' in day
     assert client.get(channel.get_absolute_url() + "?range=7d").status_code == 200
 

@@ -104,4 +104,12 @@ def incident() -> dict[str, Any]:
             dlq_address=f"ship.{n}.dlq", owner_team="logistics",
         )  # fmt: skip
         _health(extra, now, [5] * 10, state="ok", severity=10, dlq_unresolved=0)
+    from alerts.models import Alert
+
+    Alert.objects.create(
+        rule="dlq-depth", key=f"dlq-depth:c{orders.pk}", broker=broker, channel=orders,
+        state="firing", severity="warning", summary="6 dead letters waiting > 3",
+        value=6, fired_value=6, threshold=3, started_at=now - dt.timedelta(minutes=9),
+        fired_at=now - dt.timedelta(minutes=8), last_evaluated_at=now,
+    )  # fmt: skip
     return {"orders": orders, "billing": billing, "entries": entries}

@@ -1,0 +1,62 @@
+"""Issue 15.4: the channel charts carry values on hover, poison and inflow-rate series, and
+marks for the channel's events (a failure group first seen, a plan run, an alert firing)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+from typing import Any
+
+import pytest
+from django.utils import timezone
+
+from alerts.models import Alert
+from channels_registry.charts import Line, line_chart
+from channels_registry.models import ChannelSample
+from tests.conftest import client_for, make_channel
+from tests.dlq.conftest import letter, store
+
+pytestmark = pytest.mark.django_db
+
+
+def test_hover_titles_give_every_series_value_at_that_time() -> None:
+    svg = str(
+        line_chart(
+            [Line("dlq", "DLQ depth", [(0.0, 1.0), (60.0, 7.0)]),
+             Line("poison", "Poison", [(0.0, None), (60.0, 2.0)])],
+            0.0, 60.0, label="Dead letters",
+        )
+    )  # fmt: skip
+    titles = re.findall(r"<title>([^<]*)</title>", svg)
+    assert "00:00:00 UTC: DLQ depth 1 · Poison unknown" in titles
+    assert "00:01:00 UTC: DLQ depth 7 · Poison 2" in titles
+    assert 'class="series s-poison"' in svg
+
+
+def test_channel_page_marks_groups_plans_and_alerts_on_the_charts(oncall: Any) -> None:
+    channel = make_channel()
+    now = timezone.now()
+    for i in range(6):
+        ChannelSample.objects.create(
+            channel=channel, taken_at=now - dt.timedelta(minutes=5 - i), backlog=10 * i,
+            dlq_depth=i, poison_depth=1, produced=600 * i,
+        )  # fmt: skip
+    entries = store(channel, letter(headers={"x-exception-class": "Timeout"}))
+    client = client_for(oncall)
+    client.post(
+        "/dead-letters/discard/",
+        {"id": str(entries[0].pk), "action_reason": "known", "request_key": "c1"},
+    )
+    Alert.objects.create(
+        rule="dlq-depth", key="k", broker=channel.broker, channel=channel, state="firing",
+        severity="warning", summary="DLQ depth 4 > 3", started_at=now, fired_at=now,
+        last_evaluated_at=now,
+    )  # fmt: skip
+    html = client.get(channel.get_absolute_url()).content.decode()
+    assert "Inflow rate (msg/s)" in html and "Inflow 10.0" in html  # 600 per minute
+    assert 'class="series s-poison"' in html
+    group = entries[0].group_id
+    assert f"failure group #{group} first seen: Timeout" in html
+    assert 'class="mark mark-plan"' in html and "discard plan #" in html
+    assert "alert fired: DLQ depth 4 &gt; 3" in html
+    assert html.count('<rect class="hit"') >= 6 * 3
