@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import datetime as dt
 from typing import Any
 
 from django.db import transaction
+from django.db.models import F
 
 from audit.actions import Actor, record
 from channels_registry.checks import ERROR, check_channel
-from channels_registry.models import Broker, Channel
+from channels_registry.models import Broker, Channel, ChannelHealth
 
 
 def refresh_findings(channel: Channel) -> None:
@@ -24,6 +26,10 @@ def do_save_broker(broker: Broker, *, actor: Actor, before: dict[str, Any] | Non
     """Create or update a broker; ``before`` is its snapshot before the edit (None: new)."""
     broker.full_clean()
     broker.save()
+    # A new poll interval moves the moment its channels' health turns stale on the board.
+    ChannelHealth.objects.filter(channel__broker=broker, updated_at__isnull=False).update(
+        stale_at=F("updated_at") + dt.timedelta(seconds=broker.stale_after_s)
+    )
     record(
         "registry.broker.create" if before is None else "registry.broker.update",
         actor=actor,
@@ -56,6 +62,8 @@ def do_save_channel(channel: Channel, *, actor: Actor, before: dict[str, Any] | 
     channel.full_clean()
     refresh_findings(channel)
     channel.save()
+    # A renamed channel keeps its place on the board (sorted by the name its health row keeps).
+    ChannelHealth.objects.filter(channel=channel).update(sort_name=channel.name.lower()[:200])
     record(
         "registry.channel.create" if before is None else "registry.channel.update",
         actor=actor,

@@ -167,7 +167,14 @@ class Assessment:
 
     @property
     def severity(self) -> int:
-        return max([SEVERITY[self.state], *(SEVERITY[f] for f in self.dlq_flags)])
+        return severity_of(self.state, self.dlq_flags)
+
+
+def severity_of(state: str, dlq_flags: Sequence[str] = ()) -> int:
+    """The board's rank of a state with its DLQ flags (higher is worse): the worst of them.
+    Stored on ``ChannelHealth.severity`` so the board sorts in SQL; anything that changes a
+    row's state or flags outside a poll recomputes it with ``ChannelHealth.refresh_severity``."""
+    return max([SEVERITY.get(state, 0), *(SEVERITY.get(f, 0) for f in dlq_flags)])
 
 
 # Tunables, deliberately few. WINDOW_S: the trend window. MIN_POINTS: fewer points make no trend.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import os
 from typing import Any
 from urllib.parse import SplitResult, urlsplit, urlunsplit
@@ -9,9 +10,10 @@ from urllib.parse import SplitResult, urlsplit, urlunsplit
 from django.core.exceptions import ValidationError
 from django.core.validators import MinValueValidator
 from django.db import models
+from django.db.models.functions import Greatest, Lower
 from django.urls import reverse
 
-from channels_registry.health import HealthState
+from channels_registry.health import SEVERITY, HealthState, severity_of
 
 
 class BrokerKind(models.TextChoices):
@@ -147,6 +149,11 @@ class Broker(models.Model):
         if self.url_secret:
             return self.url_secret
         raise BrokerConfigError("No connection URL is configured.")
+
+    @property
+    def stale_after_s(self) -> float:
+        """A sample older than this is stale: three missed polls, and never under a minute."""
+        return max(60.0, 3.0 * self.poll_interval_s)
 
     @property
     def url_source(self) -> str:
@@ -313,6 +320,13 @@ class Channel(models.Model):
     redact_headers = models.JSONField("redact headers", default=list, blank=True)
 
     enabled = models.BooleanField(default=True)
+    # True until the channel's first health row is written: the board finds never-polled
+    # channels through a small partial index instead of anti-joining every channel.
+    awaiting_health = models.BooleanField(default=True, editable=False)
+    # The health row's state and DLQ flags (" dlq-inflow dlq-aged "), copied here when they
+    # change, so the board counts states over this narrow table, not the wide health rows.
+    board_state = models.CharField(max_length=16, default="unknown", editable=False)
+    board_flags = models.CharField(max_length=100, blank=True, editable=False)
     findings = models.JSONField(default=list, blank=True, editable=False)
     error_count = models.PositiveIntegerField(default=0, editable=False)
     warning_count = models.PositiveIntegerField(default=0, editable=False)
@@ -325,6 +339,20 @@ class Channel(models.Model):
             models.UniqueConstraint(
                 fields=["broker", "address", "address_group"], name="channel_unique_address"
             )
+        ]
+        indexes = [
+            models.Index(
+                Lower("name"),
+                "id",
+                condition=models.Q(awaiting_health=True),
+                name="channel_awaiting_health",
+            ),
+            # The board's counts per state and flag: an index-only scan of polled channels.
+            models.Index(
+                fields=["board_state", "board_flags", "owner_team", "broker"],
+                condition=models.Q(enabled=True, awaiting_health=False),
+                name="channel_board_counts",
+            ),
         ]
         permissions = [("reveal_channel_payload", "Can reveal redacted payload fields")]
 
@@ -484,6 +512,11 @@ class ChannelHealth(models.Model):
     state = models.CharField(max_length=16, choices=HealthState.choices, default="unknown")
     state_since = models.DateTimeField(null=True, blank=True)
     severity = models.PositiveSmallIntegerField(default=0, db_index=True)
+    # The board's order, kept on this row so the database walks an index instead of sorting
+    # every channel: the moment the row turns stale (``updated_at`` + the broker's stale limit;
+    # past it the board ranks the row as STALE) and the channel's name in lower case.
+    stale_at = models.DateTimeField(null=True, blank=True, db_index=True)
+    sort_name = models.CharField(max_length=200, blank=True)
     dlq_flags = models.JSONField(default=list, blank=True)
     evidence = models.JSONField(default=list, blank=True)
     backlog = models.BigIntegerField(null=True)
@@ -508,5 +541,57 @@ class ChannelHealth(models.Model):
     observed_at = models.DateTimeField(null=True, blank=True)
     updated_at = models.DateTimeField(null=True, blank=True)
 
+    class Meta:
+        indexes = [
+            # Fresh rows, worst first (the board's first screen is the head of this index) ...
+            models.Index(
+                models.F("severity").desc(), "sort_name", "channel", name="health_board_order"
+            ),
+            # ... and stale rows, ranked at least as STALE.
+            models.Index(
+                Greatest("severity", models.Value(SEVERITY[HealthState.STALE])).desc(),
+                "sort_name",
+                "channel",
+                name="health_board_stale_order",
+            ),
+        ]
+
     def __str__(self) -> str:
         return f"{self.channel_id}: {self.state}"
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        self.refresh_board_keys()
+        super().save(*args, **kwargs)
+        channel = self.channel
+        state, flags = self.board_summary()
+        if (channel.awaiting_health, channel.board_state, channel.board_flags) != (
+            False,
+            state,
+            flags,
+        ):
+            Channel.objects.filter(pk=self.channel_id).update(
+                awaiting_health=False, board_state=state, board_flags=flags
+            )
+            channel.awaiting_health, channel.board_state, channel.board_flags = False, state, flags
+
+    def board_summary(self) -> tuple[str, str]:
+        """(state, flags) as ``Channel.board_state`` and ``board_flags`` keep them."""
+        flags = "".join(f" {f}" for f in self.dlq_flags or [])
+        return self.state, f"{flags} " if flags else ""
+
+    def refresh_board_keys(self) -> None:
+        """Derive ``stale_at`` from ``updated_at`` and ``sort_name`` from the channel (a poll
+        calls this for rows it bulk-writes; ``save`` for everything else)."""
+        channel = self.channel
+        self.sort_name = channel.name.lower()[:200]
+        self.stale_at = (
+            self.updated_at + dt.timedelta(seconds=channel.broker.stale_after_s)
+            if self.updated_at is not None
+            else None
+        )
+
+    def refresh_severity(self) -> int:
+        """Recompute the stored ``severity`` from ``state`` and ``dlq_flags`` (the board sorts
+        on it in SQL); the caller saves. Returns the new value."""
+        self.severity = severity_of(self.state, self.dlq_flags or [])
+        return self.severity

@@ -414,6 +414,9 @@ def _store(
                     max_deliveries=point.max_deliveries,
                 ),
             )
+        # The board's keys (see ChannelHealth.refresh_board_keys), without a query per row.
+        row.sort_name = channel.name.lower()[:200]
+        row.stale_at = now + dt.timedelta(seconds=stale_after_s(broker))
         rows.append(row)
         if _display_key(row) != before:
             changed.append(channel.pk)
@@ -431,6 +434,17 @@ def _store(
         update_conflicts=True,
         unique_fields=["channel"],
         update_fields=[f.name for f in ChannelHealth._meta.concrete_fields if not f.primary_key],
+    )
+    # The board counts states on the channel table: copy what changed (rarely much).
+    summaries = []
+    for channel, row in zip(channels, rows, strict=True):
+        state_flags = row.board_summary()
+        if channel.awaiting_health or (channel.board_state, channel.board_flags) != state_flags:
+            channel.awaiting_health = False
+            channel.board_state, channel.board_flags = state_flags
+            summaries.append(channel)
+    Channel.objects.bulk_update(
+        summaries, ["awaiting_health", "board_state", "board_flags"], batch_size=500
     )
     _record_state(broker, state, token, now, result, topology is not None, error, failures)
     if changed:
@@ -468,7 +482,7 @@ def _unresolved(channels: list[Channel], before: dt.datetime) -> dict[int, healt
 
 def stale_after_s(broker: Broker) -> float:
     """A sample older than this is stale: three missed polls, and never under a minute."""
-    return max(60.0, 3.0 * broker.poll_interval_s)
+    return broker.stale_after_s
 
 
 def _record_state(

@@ -22,8 +22,7 @@ from django.core.cache import cache
 from django.template.loader import get_template
 from django.utils import timezone
 
-from channels_registry.models import Channel
-from dashboard.board import board_rows
+from dashboard.board import board_rows, conditions_for
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +62,7 @@ def push_board_rows(channel_ids: Iterable[int]) -> int:
     ids = list(channel_ids)
     if layer is None or not ids:
         return 0
-    rows = {r.channel.pk: r for r in board_rows(Channel.objects.filter(pk__in=ids), timezone.now())}
+    rows = {r.channel.pk: r for r in board_rows(conditions_for(pk__in=ids), timezone.now())}
     template = get_template(ROW_TEMPLATE)
     # ASCII only (non-ASCII as character references, the same HTML to a parser): Python
     # then stores each row and every client's joined frame one byte per character, and the

@@ -242,3 +242,100 @@ def test_big_board_renders_the_worst_rows_first_and_counts_every_state(
         ids(filtered) == [c.pk for c in bad[:3]]
         and 'hx-get="/?state=stalled&amp;from=3"' in filtered
     )
+
+
+def test_board_sorts_and_slices_in_the_database(
+    viewer: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Only the rows on screen are loaded (LIMIT in SQL), and the order is the stored severity
+    raised to STALE for a row nobody polled recently — worked out in the query, not Python."""
+    from dashboard import board
+
+    monkeypatch.setattr(board, "FIRST_ROWS", 2)
+    broker = make_broker()
+    old = timezone.now() - dt.timedelta(minutes=20)
+    lagging = _health(make_channel(broker, slug="lag", name="B lag", address="l"), "lagging")
+    # Stored as OK (severity 10), but not polled for 20 minutes: shown and ranked as stale (75).
+    stale = _health(
+        make_channel(broker, slug="old", name="Z old", address="o"),
+        HealthState.OK,
+        updated_at=old,
+        last_sample_at=old,
+    )
+    for i in range(5):
+        _health(make_channel(broker, slug=f"ok{i}", name=f"A ok {i}", address=f"q{i}"), "ok")
+    with CaptureQueriesContext(connection) as ctx:
+        content = client_for(viewer).get("/").content.decode()
+    rows = [pk for pk in (stale.pk, lagging.pk) if f'id="ch-{pk}"' in content]
+    assert rows == [stale.pk, lagging.pk]
+    assert content.index(f'id="ch-{stale.pk}"') < content.index(f'id="ch-{lagging.pk}"')
+    assert 'href="?state=stale">Stale 1</a>' in content and 'href="?state=ok">OK 5</a>' in content
+    assert "5 more channels" in content
+    # Health details (the evidence) are loaded only for the rows on screen, by id.
+    loads = [q["sql"] for q in ctx.captured_queries if '"evidence"' in q["sql"]]
+    assert len(loads) == 1 and '"id" IN (' in loads[0], loads
+    assert loads[0].count(",") < 200  # two ids, not every channel's
+    stalefilter = client_for(viewer).get("/?state=stale").content.decode()
+    assert f'id="ch-{stale.pk}"' in stalefilter and f'id="ch-{lagging.pk}"' not in stalefilter
+
+
+def test_stored_severity_is_recomputed_from_state_and_flags() -> None:
+    health = _health(make_channel(), HealthState.OK, severity=0)
+    health.dlq_flags = ["dlq-inflow"]
+    assert health.refresh_severity() == 55
+    health.state = HealthState.POISONED
+    assert health.refresh_severity() == 90
+
+
+@pytest.mark.parametrize("scan", [2000, 1])
+def test_stale_rows_rank_and_count_the_same_however_many_are_stale(
+    viewer: Any, monkeypatch: pytest.MonkeyPatch, scan: int
+) -> None:
+    """A few stale rows are read one by one; a stopped scheduler (more than STALE_SCAN) makes
+    the database rank them. Either way the order, the counts and the filters agree."""
+    from dashboard import board
+
+    monkeypatch.setattr(board, "STALE_SCAN", scan)
+    monkeypatch.setattr(board, "FIRST_ROWS", 1)  # the counts show when rows are cut
+    broker = make_broker()
+    old = timezone.now() - dt.timedelta(minutes=20)
+    stale_ok = _health(
+        make_channel(broker, slug="s1", name="S1", address="s1"),
+        HealthState.OK,
+        updated_at=old,
+        dlq_flags=["dlq-nonempty"],
+    )
+    stale_poisoned = _health(
+        make_channel(broker, slug="s2", name="S2", address="s2"),
+        HealthState.POISONED,
+        updated_at=old,
+    )
+    lagging = _health(make_channel(broker, slug="l", name="L", address="l"), "lagging")
+    fresh_flagged = _health(
+        make_channel(broker, slug="f", name="F", address="f"),
+        HealthState.OK,
+        dlq_flags=["dlq-nonempty"],
+    )
+    never = make_channel(broker, slug="n", name="N", address="n")
+    client = client_for(viewer)
+
+    def order(query: str) -> list[int]:
+        content = client.get("/?all=1" + query).content.decode()
+        pks = [stale_ok.pk, stale_poisoned.pk, lagging.pk, fresh_flagged.pk, never.pk]
+        found = sorted((content.find(f'id="ch-{pk}"'), pk) for pk in pks)
+        return [pk for at, pk in found if at >= 0]
+
+    # Poisoned stays 90; the stale OK row is raised to STALE (75), above lagging (60).
+    assert order("") == [stale_poisoned.pk, stale_ok.pk, lagging.pk, never.pk, fresh_flagged.pk]
+    content = client.get("/").content.decode()
+    for link in ('state=stale">Stale 2<', 'state=lagging">Lagging 1<', 'state=ok">OK 1<'):
+        assert link in content, link
+    assert 'state=unknown">Unknown 1<' in content
+    assert 'state=dlq-nonempty">DLQ non-empty 2<' in content
+    assert order("&state=dlq-nonempty") == [stale_ok.pk, fresh_flagged.pk]
+    assert order("&state=stale") == [stale_poisoned.pk, stale_ok.pk]
+    assert order("&state=ok") == [fresh_flagged.pk]
+    assert order("&state=poisoned") == []
+    flagged = client.get("/?state=dlq-nonempty").content.decode()
+    assert "1 more channel" in flagged
+    assert 'state=stale">Stale 1<' in flagged and 'state=ok">OK 1<' in flagged
