@@ -96,6 +96,12 @@ class DloCollector:
             "Age of the oldest unresolved ingested dead letter.",
             labels=[*labels, "role"],
         )
+        stalled = GaugeMetricFamily(
+            "dlo_ingest_stalled_dead_letters",
+            "Dead letters the broker said were waiting when the channel's last ingest fetched"
+            " none (0: it fetched, or nothing was waiting).",
+            labels=labels,
+        )
         channels = list(
             Channel.objects.filter(enabled=True, broker__enabled=True)
             .select_related("broker", "health")
@@ -114,6 +120,8 @@ class DloCollector:
                 "health__poison_depth",
                 "health__last_sample_at",
                 "health__updated_at",
+                "health__ingest_stalled",
+                "health__ingest_checked_at",
             )
             .annotate(
                 # The latest sample (by the (channel, taken_at) index), for the counters.
@@ -161,6 +169,8 @@ class DloCollector:
                 ):
                     if value is not None:
                         family.add_metric(lv, value)
+                if h.ingest_checked_at is not None:
+                    stalled.add_metric(lv, h.ingest_stalled or 0)
                 for event, value in zip(COUNTERS, counters.get(c.pk, ()), strict=False):
                     if value is not None:
                         messages.add_metric([*lv, event], value)
@@ -181,7 +191,7 @@ class DloCollector:
                 age = max(0.0, (self.now - row["oldest"]).total_seconds())
                 unresolved_age.add_metric([*found, row["source"]], age)
         yield from (depth, in_flight, consumers, active, oldest, lag, sampled, state, messages)
-        yield from (unresolved, unresolved_age)
+        yield from (unresolved, unresolved_age, stalled)
 
     def _pollers(self) -> Iterator[Metric]:
         up = GaugeMetricFamily(

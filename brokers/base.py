@@ -212,6 +212,12 @@ class DrainSession(abc.ABC):
     def close(self) -> None:
         """Close the session; unacknowledged letters go back to the broker."""
 
+    def waiting(self) -> int | None:
+        """How many dead letters the broker says wait for this drain (not yet delivered, or
+        delivered to someone and not acknowledged); ``None`` when it cannot tell. Ingest asks
+        after a run that fetched nothing: a positive answer means the drain is stalled."""
+        return None
+
 
 class Publisher(abc.ABC):
     """An open publishing session to one target with broker confirmation."""
@@ -234,6 +240,9 @@ class BrokerAdapter(abc.ABC):
     """One broker connection description; cheap to build, opens connections per call."""
 
     kind: str = ""
+    #: This dashboard's stable id; durable state the adapter creates on a shared broker is named
+    #: after it (NATS drain consumers), so two dashboards do not share one consumer.
+    installation_id: str = ""
 
     def __init__(
         self,

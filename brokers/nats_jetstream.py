@@ -227,10 +227,14 @@ def _death_key(stream: str, stream_seq: int, advisory: dict[str, Any], advisory_
     return key
 
 
-def _drain_consumer_name(address: Address) -> str:
-    name = f"dlo_{address.name}_{address.group or 'all'}"
+def _drain_consumer_name(address: Address, installation: str = "") -> str:
+    """``dlo_<installation>_<stream>_<consumer>``: one set of drain consumers per dashboard
+    installation, so two dashboards on one account each see every advisory. Without an
+    installation id: the name used before ids existed (the legacy consumer)."""
+    prefix = f"dlo_{installation}_" if installation else "dlo_"
+    name = f"{prefix}{address.name}_{address.group or 'all'}"
     if len(name) > 120 or not re.fullmatch(r"[A-Za-z0-9_-]+", name):
-        name = "dlo_" + hashlib.sha256(str(address).encode()).hexdigest()[:32]
+        name = prefix + hashlib.sha256(str(address).encode()).hexdigest()[:32]
     return name
 
 
@@ -441,8 +445,13 @@ class NatsJetStreamAdapter(BrokerAdapter):
     #: Bounds of the DLO_ADVISORIES stream (it captures advisories for the whole account).
     advisory_max_age_s = 14 * 24 * 3600
     advisory_max_msgs = 1_000_000
-    #: How long an advisory fetched but not acknowledged stays invisible to a new session.
-    drain_ack_wait_s = 60.0
+    #: How long an advisory fetched but not acknowledged stays invisible to a new session: the
+    #: wait after an ingester crash (a batch is stored in well under a second).
+    drain_ack_wait_s = 30.0
+    #: Advisories outstanding (fetched, unacknowledged) at once per drain consumer. Far above one
+    #: session's batches, so what a crashed ingester held never blocks the rest (the server's
+    #: default of 1,000 did: nothing was delivered until the ack wait ended).
+    drain_max_ack_pending = 20_000
 
     def _check_url(self) -> None:
         for server in self.url.split(","):
@@ -806,11 +815,13 @@ class NatsDrainSession(_LoopSession, DrainSession):
 
     def __init__(self, adapter: NatsJetStreamAdapter, address: Address) -> None:
         self.address = address
-        durable = _drain_consumer_name(address)
+        durable = _drain_consumer_name(address, adapter.installation_id)
+        legacy = _drain_consumer_name(address) if adapter.installation_id else ""
         target = f"{address.name}.{address.group or '*'}"
+        # (durable, filter subject, the pre-installation-id durable it takes over from)
         self.consumers = [
-            (f"{durable}_md", f"{MAX_DELIVERIES_PREFIX}.{target}"),
-            (f"{durable}_term", f"{TERMINATED_PREFIX}.{target}"),
+            (f"{durable}_md", f"{MAX_DELIVERIES_PREFIX}.{target}", legacy and f"{legacy}_md"),
+            (f"{durable}_term", f"{TERMINATED_PREFIX}.{target}", legacy and f"{legacy}_term"),
         ]
         self._outstanding: dict[int, Msg] = {}
         self._buffer: list[Msg] = []  # delivered to us, not yet handed out by fetch
@@ -822,30 +833,85 @@ class NatsDrainSession(_LoopSession, DrainSession):
             self._close_session()
             raise _broker_error(exc, f"open_drain {address}") from None
 
+    def _config(self, durable: str, subject: str, start_seq: int | None) -> ConsumerConfig:
+        return ConsumerConfig(
+            durable_name=durable,
+            deliver_policy=DeliverPolicy.ALL
+            if start_seq is None
+            else DeliverPolicy.BY_START_SEQUENCE,
+            opt_start_seq=start_seq,
+            ack_policy=AckPolicy.EXPLICIT,
+            ack_wait=self.adapter.drain_ack_wait_s,
+            max_ack_pending=self.adapter.drain_max_ack_pending,
+            max_deliver=-1,  # never let our own consumer emit MAX_DELIVERIES
+            filter_subject=subject,
+            description=f"Dead Letter Office ingest of {self.address}",
+        )
+
     async def _bind(self) -> list[Any]:
+        """1. Ensure DLO_ADVISORIES. 2. Per advisory kind, create our durable if missing: from
+        the legacy durable's ack floor when one exists (no advisory ingested twice on upgrade),
+        else from the start. 3. An existing durable with other bounds is updated in place."""
         js = self.nc.jetstream(timeout=self.timeout)
         api = _Api(self.nc, self.timeout, 1)
         await self.adapter._ensure_advisory_stream(api)
         subs = []
-        for durable, subject in self.consumers:
+        for durable, subject, legacy in self.consumers:
             info = await api.request(f"CONSUMER.INFO.{ADVISORY_STREAM}.{durable}")
             if _not_found(info):
-                await js.add_consumer(
-                    ADVISORY_STREAM,
-                    ConsumerConfig(
-                        durable_name=durable,
-                        deliver_policy=DeliverPolicy.ALL,
-                        ack_policy=AckPolicy.EXPLICIT,
-                        ack_wait=self.adapter.drain_ack_wait_s,
-                        max_deliver=-1,  # never let our own consumer emit MAX_DELIVERIES
-                        filter_subject=subject,
-                        description=f"Dead Letter Office ingest of {self.address}",
-                    ),
-                )
+                start = await self._legacy_floor(api, legacy) if legacy else None
+                await js.add_consumer(ADVISORY_STREAM, self._config(durable, subject, start))
             elif "error" in info:
                 raise nats.js.errors.APIError.from_error(info["error"])
+            else:
+                config = info.get("config") or {}
+                ack_wait_ns = int(self.adapter.drain_ack_wait_s * 1_000_000_000)
+                if (
+                    config.get("ack_wait") != ack_wait_ns
+                    or config.get("max_ack_pending") != self.adapter.drain_max_ack_pending
+                ):
+                    await self._update_bounds(api, durable, config)
             subs.append(await js.pull_subscribe_bind(durable, ADVISORY_STREAM))
         return subs
+
+    async def _legacy_floor(self, api: _Api, legacy: str) -> int | None:
+        info = await api.request(f"CONSUMER.INFO.{ADVISORY_STREAM}.{legacy}")
+        if "error" in info:
+            return None
+        floor = ((info.get("ack_floor") or {}).get("stream_seq")) or 0
+        return int(floor) + 1
+
+    async def _update_bounds(self, api: _Api, durable: str, config: dict[str, Any]) -> None:
+        """Bring an existing drain consumer to today's ack wait and max_ack_pending (both
+        editable on a live consumer)."""
+        config = {
+            **config,
+            "ack_wait": int(self.adapter.drain_ack_wait_s * 1_000_000_000),
+            "max_ack_pending": self.adapter.drain_max_ack_pending,
+        }
+        await api.ok(
+            f"CONSUMER.DURABLE.CREATE.{ADVISORY_STREAM}.{durable}",
+            {"stream_name": ADVISORY_STREAM, "config": config},
+        )
+
+    def waiting(self) -> int | None:
+        """Advisories not yet delivered plus delivered and unacknowledged, over both drain
+        consumers (one CONSUMER.INFO each)."""
+
+        async def count() -> int | None:
+            api = _Api(self.nc, self.timeout, 2)
+            total = 0
+            for durable, _subject, _legacy in self.consumers:
+                info = await api.request(f"CONSUMER.INFO.{ADVISORY_STREAM}.{durable}")
+                if "error" in info:
+                    return None
+                total += int(info.get("num_pending") or 0) + int(info.get("num_ack_pending") or 0)
+            return total
+
+        try:
+            return self._call(count())
+        except Exception as exc:
+            raise _broker_error(exc, f"waiting {self.address}") from None
 
     def fetch(self, max_batch: int, wait_s: float) -> list[DeadLetter]:
         try:

@@ -174,7 +174,15 @@ class ChannelAdmin(admin.ModelAdmin):
         ),
         (
             "Dead letters (P5)",
-            {"fields": ["dlq_strategies", "dlq_address", "poison_address", "dlq_records_reason"]},
+            {
+                "fields": [
+                    "dlq_strategies",
+                    "dlq_address",
+                    "poison_address",
+                    "nats_advisory_capture",
+                    "dlq_records_reason",
+                ]
+            },
         ),
         (
             "Retention and schema (P1, P8, P9)",

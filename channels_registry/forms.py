@@ -98,6 +98,7 @@ CHANNEL_FORM_FIELDS = [
     "dlq_strategies",
     "dlq_address",
     "poison_address",
+    "nats_advisory_capture",
     "dlq_records_reason",
     "retention_s",
     "schema_name",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+import uuid
 from typing import Any
 from urllib.parse import SplitResult, urlsplit, urlunsplit
 
@@ -298,6 +299,16 @@ class Channel(models.Model):
     dlq_strategies = models.JSONField("DLQ strategy", default=list, blank=True)
     dlq_address = models.CharField("DLQ address", max_length=255, blank=True)
     poison_address = models.CharField(max_length=255, blank=True)
+    # NATS JetStream has no DLQ: a consumer that gives up publishes an advisory. Capture means
+    # the dashboard keeps those advisories (account-wide stream DLO_ADVISORIES, docs/identity.md)
+    # and ingests each as a dead letter, its message read back from the stream.
+    nats_advisory_capture = models.BooleanField(
+        "capture NATS dead-letter advisories",
+        default=False,
+        help_text="NATS only: ingest the MAX_DELIVERIES and MSG_TERMINATED advisories of this "
+        "stream and consumer as dead letters. A real DLQ stream, if the application keeps one, "
+        "goes in the DLQ address and is sampled for its depth.",
+    )
     dlq_records_reason = models.BooleanField("dead letters carry reason metadata", default=True)
     # P8: retention. P1/P9: schema.
     retention_s = models.PositiveIntegerField("retention (s)", null=True, blank=True)
@@ -368,7 +379,7 @@ class Channel(models.Model):
 
     @property
     def has_dlq(self) -> bool:
-        return bool(self.dlq_address)
+        return bool(self.dlq_address) or self.nats_advisory_capture
 
     def clean(self) -> None:
         errors: dict[str, str] = {}
@@ -376,6 +387,8 @@ class Channel(models.Model):
         if kind in (BrokerKind.REDIS, BrokerKind.NATS) and not self.address_group:
             noun = "consumer group" if kind == BrokerKind.REDIS else "durable consumer"
             errors["address_group"] = f"A {BrokerKind(kind).label} channel needs its {noun}."
+        if self.nats_advisory_capture and kind != BrokerKind.NATS:
+            errors["nats_advisory_capture"] = "Advisory capture exists on NATS JetStream only."
         if kind == BrokerKind.RABBITMQ and self.address_group:
             errors["address_group"] = "RabbitMQ channels are a queue only; leave this empty."
         if self.idempotency_source in (IdempotencySource.HEADER, IdempotencySource.JSON_PATH):
@@ -413,6 +426,33 @@ class Channel(models.Model):
                 continue
             data[field.attname] = getattr(self, field.attname)
         return data
+
+
+class Installation(models.Model):
+    """This dashboard's identity on shared brokers: one row, created on first use.
+
+    Durable broker state the dashboard owns (NATS drain consumers on DLO_ADVISORIES) is named
+    after it, so two dashboards on one NATS account each see every advisory instead of
+    splitting them. ``DLO_INSTALLATION_ID`` in the environment overrides it."""
+
+    uid = models.CharField(max_length=32, unique=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return self.uid
+
+
+def installation_id() -> str:
+    """The stable id of this installation (see ``Installation``)."""
+    from django.conf import settings
+
+    configured = getattr(settings, "DLO_INSTALLATION_ID", "")
+    if configured:
+        return str(configured)
+    row = Installation.objects.order_by("pk").first()
+    if row is None:
+        row, _ = Installation.objects.get_or_create(pk=1, defaults={"uid": uuid.uuid4().hex[:12]})
+    return row.uid
 
 
 # --- Polling, samples and health (issue 3) -------------------------------------------------
@@ -531,6 +571,11 @@ class ChannelHealth(models.Model):
     # every poll; NULL when the channel declares no DLQ or poison address.
     dlq_unresolved = models.BigIntegerField(null=True)
     poison_unresolved = models.BigIntegerField(null=True)
+    # Dead letters the broker said were waiting when the last ingest fetched none of them
+    # (held by a crashed ingester until its ack wait ends, or a stuck drain); NULL when that
+    # ingest fetched something or nothing was waiting.
+    ingest_stalled = models.BigIntegerField(null=True)
+    ingest_checked_at = models.DateTimeField(null=True, blank=True)
     drain_rate = models.FloatField(null=True)
     eta_s = models.FloatField(null=True)
     last_sample_at = models.DateTimeField(null=True, blank=True)

@@ -529,12 +529,24 @@ def _apply(row: ChannelHealth, assessment: health.Assessment, now: dt.datetime) 
         row.state_since = now
     row.state = assessment.state
     row.dlq_flags = [str(f) for f in assessment.dlq_flags]
-    row.evidence = assessment.evidence
+    row.evidence = assessment.evidence + _ingest_evidence(row)
     row.severity = assessment.severity
     row.lag_s = assessment.lag_s
     row.drain_rate = assessment.drain_rate
     row.eta_s = assessment.eta_s
     row.updated_at = now
+
+
+def _ingest_evidence(row: ChannelHealth) -> list[str]:
+    """What the last ingest run of the channel reported that a poll cannot see."""
+    if not row.ingest_stalled:
+        return []
+    when = row.ingest_checked_at.strftime("%H:%M:%S UTC") if row.ingest_checked_at else "?"
+    return [
+        f"The broker says {row.ingest_stalled:,} dead letters are waiting, but the last ingest"
+        f" ({when}) fetched none: a crashed ingester holds them until its ack wait ends, or"
+        " the drain is stuck."
+    ]
 
 
 def _display_key(row: ChannelHealth) -> tuple[Any, ...]:

@@ -239,6 +239,12 @@ CELERY_BEAT_SCHEDULE = beat_schedule()
 DLO_INPROCESS_SCHEDULER = env_bool("DLO_INPROCESS_SCHEDULER", False)
 # Timeout, in seconds, of every call to a broker.
 DLO_BROKER_TIMEOUT_S = float(env_int("DLO_BROKER_TIMEOUT_S", 5))
+# This dashboard's id on shared brokers (NATS drain consumer names); empty: one stored in the DB.
+DLO_INSTALLATION_ID = env_str("DLO_INSTALLATION_ID", "")
+# NATS drain consumers: how long a fetched, unacknowledged advisory stays invisible (the wait
+# after an ingester crash) and how many may be outstanding at once.
+DLO_NATS_DRAIN_ACK_WAIT_S = env_int("DLO_NATS_DRAIN_ACK_WAIT_S", 30)
+DLO_NATS_DRAIN_MAX_ACK_PENDING = env_int("DLO_NATS_DRAIN_MAX_ACK_PENDING", 20_000)
 # Brokers polled at the same time (threads per poll cycle), so a hung one delays no other.
 DLO_POLL_CONCURRENCY = env_int("DLO_POLL_CONCURRENCY", 8)
 # Raw poll samples are kept this long; 1-minute rollups (for charts) this many days.

@@ -21,7 +21,7 @@ from django.utils import timezone
 
 from audit.actions import Actor, EventSpec, record, record_many
 from brokers.base import BrokerError
-from channels_registry.models import BrokerConfigError, Channel
+from channels_registry.models import BrokerConfigError, Channel, ChannelHealth
 from dlq import retention
 from dlq.ingest import IngestResult, ingest_channel
 from dlq.models import (
@@ -45,10 +45,21 @@ def do_ingest_channel(channel_id: int, max_batches: int = 200) -> IngestResult:
     are reported in the result; database errors propagate (nothing was acked)."""
     channel = Channel.objects.select_related("broker").get(pk=channel_id)
     try:
-        return ingest_channel(channel, max_batches=max_batches)
+        result = ingest_channel(channel, max_batches=max_batches)
     except (BrokerError, BrokerConfigError) as exc:
         log.warning("ingest %s: %s", channel.slug, exc)
         return IngestResult(channel.slug, errors=[str(exc)])
+    # Health evidence (and /metrics): the broker says N wait, and this run fetched none.
+    ChannelHealth.objects.filter(channel_id=channel.pk).update(
+        ingest_stalled=result.stalled or None, ingest_checked_at=timezone.now()
+    )
+    if result.stalled:
+        log.warning(
+            "ingest %s: fetched nothing while the broker says %d dead letters are waiting",
+            channel.slug,
+            result.stalled,
+        )
+    return result
 
 
 def channels_to_ingest() -> list[int]:
@@ -56,7 +67,7 @@ def channels_to_ingest() -> list[int]:
 
     return list(
         Channel.objects.filter(enabled=True, broker__enabled=True)
-        .filter(~Q(dlq_address="") | ~Q(poison_address=""))
+        .filter(~Q(dlq_address="") | ~Q(poison_address="") | Q(nats_advisory_capture=True))
         .order_by("pk")
         .values_list("pk", flat=True)
     )

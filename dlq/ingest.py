@@ -40,7 +40,14 @@ from audit.actions import Actor, record
 from brokers import get_adapter
 from brokers.base import Address, BrokerAdapter
 from brokers.base import DeadLetter as Letter
-from channels_registry.models import BrokerKind, Channel, DlqStrategy, IdempotencySource
+from brokers.nats_jetstream import NatsJetStreamAdapter
+from channels_registry.models import (
+    BrokerKind,
+    Channel,
+    DlqStrategy,
+    IdempotencySource,
+    installation_id,
+)
 from dlq import redaction, render
 from dlq.fingerprint import fingerprint, normalize_error
 from dlq.models import DeadLetter, FailureGroup, Source
@@ -85,8 +92,12 @@ class IngestResult:
     duplicates: int = 0
     batches: int = 0
     errors: list[str] = dataclasses.field(default_factory=list)
+    #: Dead letters the broker said were waiting on a drain that fetched none (see
+    #: ``DrainSession.waiting``): held by a crashed ingester, or a stuck drain.
+    stalled: int = 0
 
     def add(self, other: IngestResult) -> None:
+        self.stalled += other.stalled
         self.fetched += other.fetched
         self.inserted += other.inserted
         self.duplicates += other.duplicates
@@ -96,24 +107,29 @@ class IngestResult:
 
 def adapter_for(channel: Channel) -> BrokerAdapter:
     broker = channel.broker
-    return get_adapter(
+    adapter = get_adapter(
         broker.kind,
         broker.connection_url(),
         management_url=broker.management_url or None,
         timeout=settings.DLO_BROKER_TIMEOUT_S,
     )
+    adapter.installation_id = installation_id()
+    if isinstance(adapter, NatsJetStreamAdapter):
+        adapter.drain_ack_wait_s = float(settings.DLO_NATS_DRAIN_ACK_WAIT_S)
+        adapter.drain_max_ack_pending = int(settings.DLO_NATS_DRAIN_MAX_ACK_PENDING)
+    return adapter
 
 
 def drain_addresses(channel: Channel) -> list[tuple[Address, str]]:
     """The dead-letter addresses to drain and the source each feeds.
 
     RabbitMQ and Redis: the declared DLQ and poison queue/stream. NATS JetStream has no DLQ
-    queue: its dead letters are the advisories about the channel's own stream and consumer, so
-    a declared DLQ means "drain those"; a separate poison address is not drainable there.
+    queue: with ``nats_advisory_capture`` its dead letters are the advisories about the
+    channel's own stream and consumer (docs/identity.md).
     """
     addresses: list[tuple[Address, str]] = []
     if channel.broker.kind == BrokerKind.NATS:
-        if channel.dlq_address:
+        if channel.nats_advisory_capture:
             addresses.append((Address(channel.address, channel.address_group), Source.DLQ))
         return addresses
     if channel.dlq_address:
@@ -446,9 +462,13 @@ def ingest_channel(
         adapter.prepare_drain(address)
         with adapter.drain(address) as session:
             wait_s = FETCH_WAIT_S
+            fetched_before = result.fetched
             while result.batches < max_batches:
                 letters = session.fetch(batch_size, wait_s)
                 if not letters:
+                    if result.fetched == fetched_before:
+                        # Nothing at all: does the broker say something is waiting?
+                        result.stalled += session.waiting() or 0
                     break
                 # Top the batch up with what is already arriving: fuller batches mean fewer
                 # transactions (adapters return what they have without waiting for more).

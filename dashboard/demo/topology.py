@@ -216,6 +216,7 @@ def contract(names: Names) -> dict[str, Any]:
         "dlq_strategies": ["ttl-with-backoff", "poison-queue", "dlq-alert"],
         "dlq_address": names.dlq,
         "poison_address": names.poison,
+        "nats_advisory_capture": names.kind == BrokerKind.NATS,
         "dlq_records_reason": True,
         "retention_s": RETENTION_S,
         "schema_name": "orders.OrderPlaced",
@@ -469,12 +470,16 @@ def _nats_create(url: str, names: Names, timeout: float) -> None:
 def _nats_delete(url: str, names: Names, timeout: float) -> None:
     import nats.js.errors
 
+    from channels_registry.models import installation_id
+
+    installation = installation_id()
+
     async def work(js: Any) -> None:
         for name in (names.address, names.dlq, names.poison):
             with contextlib.suppress(nats.js.errors.NotFoundError):
                 await js.delete_stream(name)
         # The dashboard's drain consumers for this channel on its advisory stream.
-        durable = _drain_consumer_name(Address(names.address, names.group))
+        durable = _drain_consumer_name(Address(names.address, names.group), installation)
         for suffix in ("_md", "_term"):
             with contextlib.suppress(nats.js.errors.NotFoundError):
                 await js.delete_consumer(ADVISORY_STREAM, durable + suffix)

@@ -12,13 +12,14 @@ from pathlib import Path
 import pytest
 import redis
 
-from tests.dlq.services import ProcDb, output, own_redis, proc_db, wait_until
+from tests.dlq.services import ProcDb, output, own_nats, own_redis, proc_db, wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.broker, pytest.mark.timeout(300)]
 __all__ = ["proc_db"]  # the module-scoped fixture
 
 REDIS_URL = os.environ.get("DLO_TEST_LAYER_REDIS_URL", "redis://127.0.0.1:6379/0")
 SUMMARY = re.compile(r"(\d+) fetched, (\d+) new, (\d+) duplicates")
+WAITING = re.compile(r"(\d+) waiting unfetched")
 
 
 def _redis_channel(db: ProcDb, slug: str, stream: str, url_env: str) -> None:
@@ -142,3 +143,90 @@ def test_long_running_ingest_and_poll_ride_out_database_and_broker_outages(
         assert out.rstrip().endswith("stopped")
     assert "broker unavailable" in ingest_out and "broker ok again" in ingest_out
     assert _rows(proc_db, slug) == sent == 150
+
+
+def test_nats_ingest_killed_mid_drain_recovers_everything_on_the_next_runs(
+    proc_db: ProcDb, tmp_path: Path
+) -> None:
+    """kill -9 of ``ingest --once`` mid-drain on our own nats-server, then ``ingest --once``
+    again: every advisory is stored exactly once. The next run fetches what the dead one did
+    not hold at once (max_ack_pending no longer blocks it); what it held comes back after the
+    (bounded) ack wait, and a run that finds only held advisories says how many wait."""
+    import asyncio
+
+    import nats
+    from nats.js.api import AckPolicy, ConsumerConfig
+
+    server = own_nats(tmp_path)
+    url = f"nats://127.0.0.1:{server.port}"
+    count, slug, stream = 3000, f"nats-{uuid.uuid4().hex[:6]}", "KILLED"
+    proc_db.only_new_channels()
+    proc_db.shell(
+        "from channels_registry.models import Broker, Channel;"
+        f"b = Broker.objects.create(name='{slug}', kind='nats', url_env='DLO_TEST_KILL_NATS');"
+        f"Channel.objects.create(broker=b, name='{slug}', slug='{slug}', address='{stream}',"
+        " address_group='app', nats_advisory_capture=True, semantic='at-least-once')"
+    )
+    env = {"DLO_TEST_KILL_NATS": url, "DLO_NATS_DRAIN_ACK_WAIT_S": "5"}
+    # The advisory stream must exist before the first death (the scheduler's first run).
+    first = proc_db.spawn("ingest", "--once", "--channel", slug, **env)
+    assert "0 fetched" in output(first, 120)  # creates DLO_ADVISORIES and the drain consumers
+
+    async def terminate_all() -> None:
+        nc = await nats.connect(url, connect_timeout=2, max_reconnect_attempts=0)
+        js = nc.jetstream()
+        await js.add_stream(name=stream, subjects=["killed.>"])
+        await js.add_consumer(
+            stream, ConsumerConfig(durable_name="app", ack_policy=AckPolicy.EXPLICIT)
+        )
+        for i in range(count):
+            await js.publish("killed.orders", b'{"n": %d}' % i)
+        sub = await js.pull_subscribe_bind("app", stream)
+        done = 0
+        while done < count:
+            for msg in await sub.fetch(min(500, count - done), timeout=5):
+                await msg.term()
+                done += 1
+        await nc.flush()
+        await nc.close()
+
+    asyncio.run(terminate_all())
+    try:
+        # 1. kill -9 at a random point mid-drain.
+        victim = proc_db.spawn("ingest", "--once", "--channel", slug, **env)
+        wait_until(lambda: _rows(proc_db, slug) >= 500 or victim.poll() is not None, 120, "rows")
+        victim.send_signal(signal.SIGKILL)
+        output(victim, 30)
+        assert victim.returncode == -signal.SIGKILL, "the ingester finished before the kill"
+        # 2. Dead at the worst moment: right after a commit, holding its batch unacknowledged.
+        crash_env = {**env, "DLO_TEST_CRASH_AFTER_COMMIT": "1"}
+        crash = proc_db.spawn("ingest", "--once", "--channel", slug, **crash_env)
+        output(crash, 120)
+        assert crash.returncode == 137
+        at_kill = _rows(proc_db, slug)
+        assert 0 < at_kill < count
+        runs: list[tuple[int, ...]] = []
+        stalls: list[int] = []
+        for _ in range(20):  # bounded: each run drains what is visible, then ack waits end
+            out = output(proc_db.spawn("ingest", "--once", "--channel", slug, **env), 120)
+            found = SUMMARY.search(out)
+            assert found is not None, out
+            runs.append(tuple(int(x) for x in found.groups()))
+            held = WAITING.search(out)
+            stalls.append(int(held.group(1)) if held else 0)
+            if _rows(proc_db, slug) == count:
+                break
+        print(
+            f"NATS kill -9 + crash after commit: {at_kill} stored; runs after (fetched, new,"
+            f" duplicates): {runs}; reported waiting unfetched per run: {stalls}"
+        )
+        assert runs[0][0] > 0, "the first run after the crash fetched nothing"
+        assert _rows(proc_db, slug) == count
+        [(distinct,)] = proc_db.query(
+            "SELECT count(DISTINCT dedupe_key) FROM dlq_deadletter d JOIN"
+            " channels_registry_channel c ON c.id = d.channel_id WHERE c.slug = %s",
+            slug,
+        )
+        assert distinct == count
+    finally:
+        server.stop()

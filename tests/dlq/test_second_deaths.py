@@ -197,7 +197,7 @@ class NatsRig(Rig):
             slug="orders",
             address=self.stream,
             address_group="app",
-            dlq_address="advisories",
+            nats_advisory_capture=True,
         )
         ingest.adapter_for(self.channel).prepare_drain(Address(self.stream, "app"))
 
@@ -344,7 +344,7 @@ def test_nats_one_message_given_up_by_two_consumers_is_two_deaths(
             name="Orders audit",
             address=rig.stream,
             address_group="audit",
-            dlq_address="advisories",
+            nats_advisory_capture=True,
         )
         ingest.adapter_for(audit).prepare_drain(Address(rig.stream, "audit"))
         rig.publish(1)

@@ -42,9 +42,10 @@ class Command(BaseCommand):
             total.add(result)
             for error in result.errors:
                 self.stderr.write(f"{result.channel}: {error}")
+        waiting = f", {total.stalled} waiting unfetched" if total.stalled else ""
         self.stdout.write(
             f"ingest: {len(ids)} channels, {total.fetched} fetched, {total.inserted} new, "
-            f"{total.duplicates} duplicates, {len(total.errors)} errors"
+            f"{total.duplicates} duplicates, {len(total.errors)} errors{waiting}"
         )
         if total.errors:
             raise SystemExit(1)
@@ -90,6 +91,11 @@ class Command(BaseCommand):
                     write(
                         f"ingest {result.channel}: {result.fetched} fetched, "
                         f"{result.inserted} new, {result.duplicates} duplicates"
+                    )
+                if result.stalled:
+                    write(
+                        f"ingest {result.channel}: nothing fetched while the broker says "
+                        f"{result.stalled} dead letters are waiting"
                     )
                 busy = busy or result.batches >= ROUND_BATCHES
             return 0.0 if busy else IDLE_WAIT_S
