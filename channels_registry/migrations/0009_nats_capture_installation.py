@@ -14,7 +14,7 @@ def capture_where_a_dlq_was_declared(apps, schema_editor):  # type: ignore[no-un
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("channels_registry", "0006_contract_timeouts_partitioning"),
+        ("channels_registry", "0008_fill_board_keys"),
     ]
 
     operations = [
