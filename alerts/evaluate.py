@@ -145,7 +145,7 @@ def _facts(
         active_consumers=health.active_consumers,
         lag_s=health.lag_s,
         oldest_age_s=health.oldest_age_s,
-        dlq_depth=dlq_depth if channel.dlq_address else None,
+        dlq_depth=dlq_depth if channel.has_dlq else None,
         dlq_oldest_age_s=max(ages) if ages else None,
         poison_depth=(health.poison_depth or 0) + poison.get("before", 0),
         dlq_inflow=dlq_in,
@@ -170,7 +170,7 @@ def _dead_letter_aggregates(
     result: dict[tuple[int, str], dict[str, Any]] = {}
     by_broker: dict[int, list[int]] = defaultdict(list)
     for c in channels:
-        if c.dlq_address or c.poison_address:
+        if c.has_dlq or c.poison_address:
             by_broker[c.broker_id].append(c.pk)
     for broker_id, ids in by_broker.items():
         sampled = poll_times.get(broker_id)
@@ -397,7 +397,7 @@ def _evaluate(now: dt.datetime) -> _Run:
     windows = {s.window_s for ss in specs.values() for s in ss if s.window_s is not None}
     poll_times = {b: s.last_success_at for b, s in poll_states.items()}
     unresolved = _dead_letter_aggregates(channels, poll_times)
-    dead_channels = [c.pk for c in channels if c.dlq_address or c.poison_address]
+    dead_channels = [c.pk for c in channels if c.has_dlq or c.poison_address]
     inflow = _inflow(dead_channels, windows, now)
     for channel in channels:
         health: ChannelHealth | None = getattr(channel, "health", None)

@@ -85,7 +85,7 @@ def _boolean(rule: str, severity: str, *, for_s: float, clear_for_s: float) -> R
 def inflow_default_enabled(channel: Any) -> bool:
     """DLQ inflow pages on new dead letters where the depth rule would not: no depth threshold,
     or one above 0. With a threshold of 0 the depth alert already fires on the first letter."""
-    return bool(channel.dlq_address) and (
+    return channel.has_dlq and (
         channel.alert_dlq_depth is None or channel.alert_dlq_depth > 0
     )
 
@@ -102,7 +102,7 @@ def channel_specs(channel: Any, overrides: Mapping[str, Override] | None = None)
         default_on[spec.rule] = enabled
         specs.append(spec)
 
-    if channel.dlq_address:
+    if channel.has_dlq:
         add(
             dataclasses.replace(
                 _numeric(RuleKey.DLQ_INFLOW, Severity.WARNING, 1, for_s=0, clear_for_s=0),
@@ -153,7 +153,7 @@ def channel_specs(channel: Any, overrides: Mapping[str, Override] | None = None)
                 0.0,
             )
         )
-    if channel.dlq_address or channel.poison_address:
+    if channel.has_dlq or channel.poison_address:
         # A declared dead-letter address the broker does not have drops what is sent to it.
         add(_boolean(RuleKey.DEAD_LETTER_MISSING, Severity.CRITICAL, for_s=0, clear_for_s=0))
     if channel.alert_lag_messages:

@@ -249,7 +249,7 @@ def retry_has_backoff(channel: Channel) -> Iterator[Finding]:
 
 @check
 def dlq_declared(channel: Channel) -> Iterator[Finding]:
-    if _needs_delivery(channel) and not channel.dlq_address:
+    if _needs_delivery(channel) and not channel.has_dlq:
         yield Finding(
             "no-dlq",
             ERROR,
@@ -257,7 +257,7 @@ def dlq_declared(channel: Channel) -> Iterator[Finding]:
             "No dead-letter address: messages that exhaust their retries are lost or loop.",
             "Declare a DLQ address and a dead-letter strategy.",
         )
-    if channel.dlq_address and not channel.dlq_strategies:
+    if channel.has_dlq and not channel.dlq_strategies:
         yield Finding(
             "no-dlq-strategy",
             WARNING,
@@ -269,7 +269,7 @@ def dlq_declared(channel: Channel) -> Iterator[Finding]:
 
 @check
 def dlq_has_depth_alert(channel: Channel) -> Iterator[Finding]:
-    if channel.dlq_address and channel.alert_dlq_depth is None:
+    if channel.has_dlq and channel.alert_dlq_depth is None:
         yield Finding(
             "dlq-no-alert",
             ERROR,
@@ -277,7 +277,7 @@ def dlq_has_depth_alert(channel: Channel) -> Iterator[Finding]:
             "The DLQ has no depth alert: dead letters pile up silently.",
             "Set a DLQ depth alert threshold (0 alerts on the first dead letter).",
         )
-    elif channel.dlq_address:
+    elif channel.has_dlq:
         # The alert rules the channel really gets, with the admin's overrides applied.
         from alerts.models import RuleKey
         from alerts.rules import enabled_rules, inflow_default_enabled
@@ -302,7 +302,7 @@ def dlq_has_depth_alert(channel: Channel) -> Iterator[Finding]:
                 + ", not ones left untriaged.",
                 "Re-enable the DLQ depth alert rule in the channel's alert rule overrides.",
             )
-    if DlqStrategy.DLQ_ALERT in (channel.dlq_strategies or []) and not channel.dlq_address:
+    if DlqStrategy.DLQ_ALERT in (channel.dlq_strategies or []) and not channel.has_dlq:
         yield Finding(
             "dlq-alert-without-dlq",
             ERROR,
@@ -391,7 +391,7 @@ def mark_is_safe(channel: Channel) -> Iterator[Finding]:
 
 @check
 def dlq_metadata(channel: Channel) -> Iterator[Finding]:
-    if channel.dlq_address and not channel.dlq_records_reason:
+    if channel.has_dlq and not channel.dlq_records_reason:
         yield Finding(
             "dlq-no-metadata",
             WARNING,

@@ -795,7 +795,7 @@ def _canary_check(plan: ReplayPlan, deadline: float) -> bool:
         time.sleep(wait)
     from dlq.actions import do_ingest_channel
 
-    if plan.channel.dlq_address:
+    if plan.channel.has_dlq:
         do_ingest_channel(plan.channel_id, max_batches=CANARY_INGEST_BATCHES)
     recurred = canary_recurrences(plan)
     with transaction.atomic():

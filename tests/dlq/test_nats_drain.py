@@ -187,3 +187,28 @@ def test_nothing_fetched_while_the_broker_says_n_wait_is_health_evidence_and_a_m
     assert not Entry.objects.exists()
     assert isinstance(installation_id(), str) and installation_id() == installation_id()
     assert Channel.objects.get(pk=channel.pk).has_dlq
+
+
+@pytest.mark.django_db
+def test_advisory_capture_is_the_nats_channels_dead_letter_declaration() -> None:
+    from django.core.exceptions import ValidationError
+
+    from channels_registry.checks import check_channel
+
+    nats = make_broker(name="nats", kind=BrokerKind.NATS, url_env="DLO_TEST_CAP_NATS")
+    bare = make_channel(nats, slug="bare", address="S", address_group="c", dlq_address="")
+    captured = make_channel(
+        nats,
+        slug="cap",
+        address="S",
+        address_group="d",
+        dlq_address="",
+        nats_advisory_capture=True,
+    )
+    assert "no-dlq" in {f.code for f in check_channel(bare)}
+    assert "no-dlq" not in {f.code for f in check_channel(captured)}
+    assert ingest.drain_addresses(captured) == [(Address("S", "d"), "dlq")]
+    assert ingest.drain_addresses(bare) == []
+    rabbit = make_broker(name="rabbit")
+    with pytest.raises(ValidationError, match="NATS JetStream only"):
+        make_channel(rabbit, slug="r", nats_advisory_capture=True)
