@@ -85,9 +85,7 @@ def _boolean(rule: str, severity: str, *, for_s: float, clear_for_s: float) -> R
 def inflow_default_enabled(channel: Any) -> bool:
     """DLQ inflow pages on new dead letters where the depth rule would not: no depth threshold,
     or one above 0. With a threshold of 0 the depth alert already fires on the first letter."""
-    return channel.has_dlq and (
-        channel.alert_dlq_depth is None or channel.alert_dlq_depth > 0
-    )
+    return channel.has_dlq and (channel.alert_dlq_depth is None or channel.alert_dlq_depth > 0)
 
 
 def channel_specs(channel: Any, overrides: Mapping[str, Override] | None = None) -> list[RuleSpec]:
