@@ -96,6 +96,7 @@ def _channel(**overrides: Any) -> Any:
         "alert_min_consumers": 1,
     }
     fields.update(overrides)
+    fields.setdefault("has_dlq", bool(fields["dlq_address"]))  # Channel.has_dlq
     return types.SimpleNamespace(**fields)
 
 
