@@ -15,11 +15,15 @@ $(STAMP): requirements.lock
 venv: $(STAMP)
 
 ## make run: the dashboard on http://127.0.0.1:8000 with embedded defaults (SQLite, in-memory
-## channel layer, in-process scheduler). The first run creates the schema and an admin login.
+## channel layer, in-process scheduler). The first run creates the schema and an admin login,
+## and, unless DLO_AUDIT_SIGNING_KEY / DLO_AUDIT_CHECKPOINT_DIR are set, a local audit
+## checkpoint signing key and directory under .audit/.
+AUDIT_ENV := DLO_AUDIT_SIGNING_KEY=$${DLO_AUDIT_SIGNING_KEY:-.audit/signing.key} \
+	DLO_AUDIT_CHECKPOINT_DIR=$${DLO_AUDIT_CHECKPOINT_DIR:-.audit/checkpoints}
 run: $(STAMP)
 	$(BIN)/python manage.py migrate --noinput
-	$(BIN)/python manage.py firstrun
-	DLO_INPROCESS_SCHEDULER=1 $(BIN)/python manage.py runserver 127.0.0.1:8000
+	$(AUDIT_ENV) $(BIN)/python manage.py firstrun
+	$(AUDIT_ENV) DLO_INPROCESS_SCHEDULER=1 $(BIN)/python manage.py runserver 127.0.0.1:8000
 
 ## make test: lint, format check, type check, then the whole suite.
 test: lint typecheck pytest

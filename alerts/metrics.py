@@ -44,6 +44,7 @@ class DloCollector:
         yield from self._channels()
         yield from self._pollers()
         yield from self._alerts()
+        yield from self._audit()
         yield from self._replay_plans()
 
     def _channels(self) -> Iterator[Metric]:
@@ -278,6 +279,36 @@ class DloCollector:
         if state is not None and state.last_run_at is not None:
             last.add_metric([], state.last_run_at.timestamp())
             yield last
+
+    def _audit(self) -> Iterator[Metric]:
+        """The audit log's sealing window and its checkpoints (alert on
+        ``dlo_audit_checkpoint_ok == 0`` or ``dlo_audit_unsealed_oldest_seconds > 30``)."""
+        from audit.status import log_status
+
+        status = log_status(self.now)
+        for name, doc, value in (
+            ("dlo_audit_head_seq", "The last sealed audit event.", status.head_seq),
+            ("dlo_audit_unsealed_events", "Audit events not sealed yet.", status.unsealed),
+            (
+                "dlo_audit_unsealed_oldest_seconds",
+                "Age of the oldest audit event not sealed yet (0 when none).",
+                status.unsealed_age_s,
+            ),
+            (
+                "dlo_audit_checkpoint_ok",
+                "1 when the last signed checkpoint was written and is recent; 0 when the key "
+                "or sink is missing or failing, or checkpoints are late.",
+                1 if status.checkpoint_ok else 0,
+            ),
+            (
+                "dlo_audit_checkpoint_age_seconds",
+                "Seconds since the last signed checkpoint (-1 when none was written).",
+                status.checkpoint_age_s if status.checkpoint_age_s is not None else -1,
+            ),
+        ):
+            family = GaugeMetricFamily(name, doc)
+            family.add_metric([], value)
+            yield family
 
     def _replay_plans(self) -> Iterator[Metric]:
         """Unfinished plans by status, and how long the oldest has waited for its broker

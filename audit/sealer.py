@@ -116,10 +116,12 @@ def _apply(ids: list[int], seqs: list[int], prevs: list[str], hashes: list[str])
     table = connection.ops.quote_name(AuditEvent._meta.db_table)
     with connection.cursor() as cursor:
         if connection.vendor == "postgresql":
+            # ``e.seq IS NULL`` lets the join read the small partial index of unsealed rows
+            # instead of hashing the whole table for every batch.
             cursor.execute(
                 f"UPDATE {table} AS e SET seq = v.seq, prev_hash = v.prev, hash = v.hash "
                 "FROM unnest(%s::bigint[], %s::bigint[], %s::text[], %s::text[]) "
-                "AS v(id, seq, prev, hash) WHERE e.id = v.id",
+                "AS v(id, seq, prev, hash) WHERE e.id = v.id AND e.seq IS NULL",
                 [ids, seqs, prevs, hashes],
             )
         else:
@@ -140,7 +142,11 @@ def after_record(event: AuditEvent | None) -> None:
     """Called by ``record``/``record_many`` inside the recording transaction."""
     mode = settings.DLO_AUDIT_SEALER
     if mode == "inline":
-        seal(wait=True)
+        try:
+            seal(wait=True)
+        except HeadMissing as exc:  # the event stays unsealed: recording never fails
+            log.error("%s", exc)
+            return
         if event is not None:
             event.refresh_from_db(fields=["seq", "prev_hash", "hash"])
     elif mode == "thread":

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import logging
+
 from celery import shared_task
 
 from audit.actions import Actor, do_verify_chain
+
+log = logging.getLogger(__name__)
 
 
 @shared_task(acks_late=True)
@@ -30,6 +34,7 @@ def write_audit_checkpoint_task() -> int:
 
     try:
         checkpoint = write_checkpoint()
-    except CheckpointError:
+    except CheckpointError as exc:
+        log.error("audit checkpoint not written: %s", exc)
         return 0
     return checkpoint.number if checkpoint else 0

@@ -5,7 +5,7 @@ row and every signed checkpoint (``audit.checkpoints``) at its tree size."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -28,14 +28,24 @@ _V1 = ("created_at", "actor_id", "actor_username", "source_ip", "action", "targe
        "target_id", "target_repr", "channel_slug", "reason", "before", "after", "changes",
        "outcome")  # fmt: skip
 
-# PostgreSQL compares the searchable/display copies with the hashed texts itself, as jsonb on
-# both sides, so a number it normalises (1.0e+16, -0.0) is equal to itself.
-_PG_COPIES_OK = """
+# PostgreSQL compares the searchable/display copies with the hashed texts itself. The index
+# first as text (its canonical JSON rebuilt by concatenation: cheap), falling back to jsonb on
+# both sides; the detail as jsonb on both sides, so a number PostgreSQL normalises (1.0e+16,
+# -0.0) is equal to itself, and the IP address as ``inet``.
+_PG_INDEX_TEXT = """
+'{"action":' || to_json(action)::text || ',"actor":' || to_json(actor_username)::text
+|| ',"channel":' || to_json(channel_slug)::text || ',"created_at":"'
+|| to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')
+|| '","outcome":' || to_json(outcome)::text || ',"plan":' || to_json(plan_id)::text
+|| ',"target_id":' || to_json(target_id)::text || ',"target_type":' || to_json(target_type)::text
+|| '}'
+"""
+_PG_COPIES_OK = f"""
 CASE WHEN hash_version = 2 THEN (
-  index_json::jsonb = jsonb_build_object(
+  (index_json = {_PG_INDEX_TEXT} OR index_json::jsonb = jsonb_build_object(
     'action', action, 'actor', actor_username, 'channel', channel_slug,
     'created_at', to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
-    'outcome', outcome, 'plan', plan_id, 'target_id', target_id, 'target_type', target_type)
+    'outcome', outcome, 'plan', plan_id, 'target_id', target_id, 'target_type', target_type))
   AND (detail_json::jsonb - 'source_ip') = jsonb_build_object(
     'actor_id', actor_id, 'after', COALESCE(after, 'null'::jsonb),
     'before', COALESCE(before, 'null'::jsonb), 'changes', COALESCE(changes, 'null'::jsonb),
@@ -45,47 +55,70 @@ CASE WHEN hash_version = 2 THEN (
 """
 
 
-def _pg_rows() -> Iterator[dict[str, Any]]:
+def _walk_pg(walk: ChainWalk) -> None:
+    """The sealed events in seq order through a server-side cursor; format-2 rows go straight
+    to ``ChainWalk.add_texts`` as bytes, format-1 rows as dicts."""
     v1 = ", ".join(f"CASE WHEN hash_version = 1 THEN {c} END" for c in _V1)
     table = connection.ops.quote_name(AuditEvent._meta.db_table)
     sql = (
-        f"SELECT seq, prev_hash, hash, index_json, detail_json, {_PG_COPIES_OK}, {v1} "
-        f"FROM {table} WHERE seq IS NOT NULL ORDER BY seq"
+        f"SELECT seq, prev_hash, hash, convert_to(index_json, 'UTF8'), "
+        f"convert_to(detail_json, 'UTF8'), {v1} FROM {table} WHERE seq IS NOT NULL ORDER BY seq"
     )
     with transaction.atomic():
         connection.ensure_connection()
         raw = connection.connection
         assert raw is not None
-        with raw.cursor(name="dlo_audit_verify") as cursor:
+        # Binary results: the texts arrive as the UTF-8 bytes that are hashed, undecoded.
+        with raw.cursor(name="dlo_audit_verify", binary=True) as cursor:
             cursor.itersize = FETCH
             cursor.execute(sql)
+            add = walk.add_texts
             for row in cursor:
                 if row[3]:
-                    yield {
-                        "seq": row[0],
-                        "prev_hash": row[1],
-                        "hash": row[2],
-                        "index_json": row[3],
-                        "detail_json": row[4],
-                        "copies_ok": row[5],
-                    }
-                else:
-                    event = dict(zip(_V1, row[6:], strict=True))
-                    event.update(seq=row[0], prev_hash=row[1], hash=row[2])
-                    event["created_at"] = canonical_time(event["created_at"])
-                    if event["source_ip"] is not None:
-                        event["source_ip"] = str(event["source_ip"])
-                    yield event
+                    if not add(row[0], row[1], row[2], row[3], row[4]):
+                        return
+                    continue
+                event = dict(zip(_V1, row[5:], strict=True))
+                event.update(seq=row[0], prev_hash=row[1], hash=row[2])
+                event["created_at"] = canonical_time(event["created_at"])
+                if event["source_ip"] is not None:
+                    event["source_ip"] = str(event["source_ip"])
+                if not walk.add(event):
+                    return
 
 
-def _orm_rows() -> Iterator[dict[str, Any]]:
+def _first_bad_copy_pg() -> int | None:
+    """The first format-2 event whose searchable/display columns differ from its texts."""
+    table = connection.ops.quote_name(AuditEvent._meta.db_table)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT min(seq) FROM {table} WHERE seq IS NOT NULL AND hash_version = 2 "
+            f"AND NOT COALESCE({_PG_COPIES_OK}, false)"
+        )
+        row = cursor.fetchone()
+    return row[0] if row else None
+
+
+def _first_bad_copy_threaded(found: list[int | None]) -> None:
+    try:
+        found.append(_first_bad_copy_pg())
+    finally:
+        connection.close()
+
+
+def _walk_orm(walk: ChainWalk) -> int | None:
+    """SQLite (development): the same walk through the ORM; returns the first bad copy."""
     names = ["seq", "prev_hash", "hash", "index_json", "detail_json", "plan_id", *_V1]
     events = AuditEvent.objects.filter(seq__isnull=False).order_by("seq").values(*names)
+    first_bad: int | None = None
     for row in events.iterator(chunk_size=FETCH):
         row["created_at"] = canonical_time(row["created_at"])
-        if row["index_json"]:
-            row["copies_ok"] = _copies_match(row)
-        yield row
+        if row["index_json"] and first_bad is None and not _copies_match(row):
+            first_bad = row["seq"]
+        text_row = {k: row[k] for k in ("seq", "prev_hash", "hash", "index_json", "detail_json")}
+        if not walk.add(text_row if row["index_json"] else row):
+            break
+    return first_bad
 
 
 def _copies_match(row: dict[str, Any]) -> bool:
@@ -99,8 +132,25 @@ def _copies_match(row: dict[str, Any]) -> bool:
     ) and all(detail.get(field) == row[field] for field in DETAIL_FIELDS)
 
 
-def stored_events() -> Iterator[dict[str, Any]]:
-    return _pg_rows() if connection.vendor == "postgresql" else _orm_rows()
+def walk_stored(walk: ChainWalk) -> int | None:
+    """Run ``walk`` over the sealed log; returns the first event whose copies differ from its
+    texts. On PostgreSQL that check runs as one query on a second connection, in parallel
+    with the walk (in the caller's connection when inside a transaction, which a second
+    connection could not see)."""
+    if connection.vendor != "postgresql":
+        return _walk_orm(walk)
+    if connection.in_atomic_block:
+        bad = _first_bad_copy_pg()
+        _walk_pg(walk)
+        return bad
+    found: list[int | None] = []
+    checker = threading.Thread(target=_first_bad_copy_threaded, args=(found,))
+    checker.start()
+    try:
+        _walk_pg(walk)
+    finally:
+        checker.join()
+    return found[0] if found else None
 
 
 def verify_log(
@@ -123,18 +173,41 @@ def verify_log(
     walk.tolerated = _known_bad_at_reanchor()
     pending = [cp for cp in checkpoints if cp.tree_size > 0]
     matched = 0
-    for event in stored_events():
-        if not walk.add(event):
-            break
-        while pending and pending[0].tree_size == walk.count:
-            problem = _compare(pending[0], walk, matched, checkpoints)
-            if problem:
-                return VerifyResult(
-                    False, walk.count, walk.last_seq, walk.last_hash, None, problem,
-                    walk.notes, pending[0].number,
-                )  # fmt: skip
-            matched = pending.pop(0).number
+    sizes = {cp.tree_size: cp for cp in pending}
+    roots: dict[int, tuple[str, str]] = {}
+    if sizes:
+        # Remember the root at each checkpoint's size as the walk passes it (a wrapper on the
+        # frontier's append keeps the hot loop free of the check).
+        frontier = walk.frontier
+        append = frontier.append
+
+        def remembering(leaf: bytes) -> None:
+            append(leaf)
+            if frontier.size in sizes:
+                roots[frontier.size] = (frontier.root(), walk.pending_hash)
+
+        frontier.append = remembering  # type: ignore[method-assign]
+    bad_copy = walk_stored(walk)
     result = walk.result()
+    for cp in pending:
+        if cp.tree_size not in roots:
+            break
+        problem = _compare(cp, roots[cp.tree_size], matched, checkpoints)
+        if problem and (result.ok or (result.first_bad_seq or 0) > cp.tree_size):
+            return VerifyResult(
+                False, walk.count, walk.last_seq, walk.last_hash, None, problem,
+                walk.notes, cp.number,
+            )  # fmt: skip
+        if problem:
+            break
+        matched = cp.number
+    pending = [cp for cp in pending if cp.number > matched]
+    if bad_copy is not None and (result.ok or bad_copy <= (result.first_bad_seq or bad_copy)):
+        return VerifyResult(
+            False, walk.count, walk.last_seq, walk.last_hash, bad_copy,
+            "the event's searchable columns differ from its hashed record: the event was "
+            "modified", walk.notes,
+        )  # fmt: skip
     if not result.ok:
         return result
     if pending:
@@ -160,9 +233,11 @@ def verify_log(
     return result
 
 
-def _compare(cp: Checkpoint, walk: ChainWalk, matched: int, all_cps: list[Checkpoint]) -> str:
-    root = walk.frontier.root()
-    if root == cp.body.get("root_hash") and walk.last_hash == cp.body.get("head_hash"):
+def _compare(
+    cp: Checkpoint, at_size: tuple[str, str], matched: int, all_cps: list[Checkpoint]
+) -> str:
+    root, head_hash = at_size
+    if root == cp.body.get("root_hash") and head_hash == cp.body.get("head_hash"):
         return ""
     after = next((c.tree_size for c in all_cps if c.number == matched), 0)
     return (

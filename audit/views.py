@@ -20,6 +20,7 @@ from audit.actions import Actor, do_record_export, do_request_chain_verification
 from audit.export import chunks, streaming_response
 from audit.filters import AuditFilterForm, page_of
 from audit.models import AuditEvent, AuditHead, ChainVerification
+from audit.status import log_status
 from dashboard.http import HtmxHttpRequest
 
 
@@ -94,6 +95,7 @@ def event_list(request: HtmxHttpRequest) -> HttpResponse:
         "export_query": form.querystring(),
         "verification": ChainVerification.objects.first(),
         "head": AuditHead.objects.filter(pk=1).first(),
+        "log_status": log_status(),
         "can_export": request.user.has_perm(EXPORT),
         "can_verify": request.user.has_perm(VERIFY),
     }

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import secrets
+from pathlib import Path
 from typing import Any
 
 from django.contrib.auth import get_user_model
@@ -19,6 +20,7 @@ class Command(BaseCommand):
         parser.add_argument("--username", default="admin")
 
     def handle(self, *args: Any, **options: Any) -> None:
+        self.audit_key()
         user_model = get_user_model()
         if user_model.objects.exists():
             self.stdout.write("Users exist already: sign in at http://127.0.0.1:8000/login/")
@@ -31,4 +33,22 @@ class Command(BaseCommand):
             f"   URL:      http://127.0.0.1:8000/login/\n"
             f"   Username: {user.get_username()}\n"
             f"   Password: {password}   (shown once: change it in the admin)\n{bar}"
+        )
+
+    def audit_key(self) -> None:
+        """The audit checkpoint signing key named by DLO_AUDIT_SIGNING_KEY (``make run``
+        points it at .audit/signing.key): created when missing, and said where."""
+        from django.conf import settings
+
+        from audit.checkpoints import keygen, public_text
+
+        path = settings.DLO_AUDIT_SIGNING_KEY
+        if not path or Path(path).exists():
+            return
+        public = keygen(Path(path))
+        self.stdout.write(
+            f"Audit checkpoints: created the signing key {Path(path).resolve()} (public key "
+            f"{path}.pub: {public_text(public)}); checkpoints go to "
+            f"{Path(settings.DLO_AUDIT_CHECKPOINT_DIR or '.').resolve()} every minute. "
+            "Keep the public key somewhere the database's operators cannot change it."
         )
