@@ -10,10 +10,12 @@ from pathlib import Path
 from typing import Any
 
 from django.conf import settings
+from django.core.exceptions import ValidationError
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import connection, models, transaction
 from django.http import HttpRequest
 from django.utils import timezone
+from django.utils.ipv6 import clean_ipv6_address
 
 from audit import sealer
 from audit.chain import (
@@ -97,6 +99,17 @@ def diff(before: Mapping[str, Any] | None, after: Mapping[str, Any] | None) -> d
     }
 
 
+def _ip(value: str | None) -> str | None:
+    """An IPv6 address in the form Django stores it (``2001:DB8::1`` → ``2001:db8::1``), so
+    the hashed text and the column agree on every database."""
+    if value and ":" in value:
+        try:
+            return clean_ipv6_address(value)
+        except ValidationError:
+            return value
+    return value or None
+
+
 def _plan_of(target_type: str, target_id: str, after: Any) -> str:
     """The replay/discard plan an event belongs to, for the ``plan`` filter: the plan itself,
     or the ``plan`` its per-entry events name in ``after``."""
@@ -130,7 +143,7 @@ def _event_fields(
         "created_at": now,
         "actor_id": actor.user_id,
         "actor_username": _text(actor.username, 150),
-        "source_ip": actor.ip,
+        "source_ip": _ip(actor.ip),
         "action": _text(action, 64),
         "target_type": _text(target_type, 64),
         "target_id": _text(str(target_id), 64),
