@@ -8,6 +8,7 @@ class DlqConfig(AppConfig):
     verbose_name = "Dead letters"
 
     def ready(self) -> None:
+        import dlq.lookups  # noqa: F401  (registers the ``__any`` lookup)
         from channels_registry.charts import register_event_source
         from channels_registry.polling import register_unresolved_counter
         from dlq.chart_events import dead_letter_events

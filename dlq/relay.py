@@ -113,15 +113,20 @@ def replay_headers(headers: dict[str, Any], replay_id: str) -> dict[str, Any]:
     return kept
 
 
-def outgoing(entry: DeadLetter, item: ReplayItem) -> OutgoingMessage:
-    properties = {
-        k: v for k, v in (entry.properties or {}).items() if k not in ("headers", "delivery_mode")
-    }
+def outgoing(
+    body: bytes | memoryview | None,
+    headers: dict[str, Any] | None,
+    properties: dict[str, Any] | None,
+    item: ReplayItem,
+) -> OutgoingMessage:
+    """The message for one attempt of ``item``, from its entry's stored columns."""
     return OutgoingMessage(
         key=str(item.pk),
-        body=bytes(entry.body or b""),
-        headers=replay_headers(entry.headers, item.replay_id),
-        properties=properties,
+        body=bytes(body or b""),
+        headers=replay_headers(headers or {}, item.replay_id),
+        properties={
+            k: v for k, v in (properties or {}).items() if k not in ("headers", "delivery_mode")
+        },
     )
 
 
@@ -192,7 +197,7 @@ def _take_batch(
         # In-doubt items of a crashed run first: they were (maybe) published already.
         in_doubt = ReplayItem.objects.filter(plan=plan, status=ItemStatus.SENDING)
         if busy:
-            in_doubt = in_doubt.exclude(pk__in=busy)
+            in_doubt = in_doubt.exclude(pk__any=busy)
         items = list(in_doubt.order_by("position")[:limit])
         if not items and not only_in_doubt:
             due = Q(next_attempt_at__isnull=True) | Q(next_attempt_at__lte=now)
@@ -212,7 +217,7 @@ def _take_batch(
         _count_sends(plan, items, again)
         crashed = [i.pk for i in items if i.status == ItemStatus.SENDING]
         if crashed:
-            ReplayItem.objects.filter(pk__in=crashed).update(
+            ReplayItem.objects.filter(pk__any=crashed).update(
                 publishes=F("publishes") + 1, republished=True
             )
         # Two UPDATEs, not a per-row CASE: items whose last outcome was in doubt keep their
@@ -225,7 +230,7 @@ def _take_batch(
             "publishes": F("publishes") + 1,
         }
         if keep:
-            ReplayItem.objects.filter(pk__in=keep).update(**bump, republished=True)
+            ReplayItem.objects.filter(pk__any=keep).update(**bump, republished=True)
         if new:
             replay_id = Concat(
                 Value(f"{plan.pk}:"),
@@ -234,7 +239,7 @@ def _take_batch(
                 Cast(F("attempts") + 1, CharField()),
                 output_field=CharField(),
             )
-            ReplayItem.objects.filter(pk__in=new).update(**bump, replay_id=replay_id)
+            ReplayItem.objects.filter(pk__any=new).update(**bump, replay_id=replay_id)
         for item in fresh:
             item.attempts += 1
             item.status = ItemStatus.SENDING
@@ -297,11 +302,11 @@ def _record_outcomes(
     with transaction.atomic():
         # Only items still SENDING (a concurrent cancel never touches those, see actions).
         ok_ids = [i.pk for i in ok]
-        n_ok = ReplayItem.objects.filter(pk__in=ok_ids, status=ItemStatus.SENDING).update(
+        n_ok = ReplayItem.objects.filter(pk__any=ok_ids, status=ItemStatus.SENDING).update(
             status=ItemStatus.CONFIRMED, finished_at=now, last_error=""
         )
         entry_ids = [i.entry_id for i in ok]
-        DeadLetter.objects.filter(pk__in=entry_ids).update(status=Status.REPLAYED)
+        DeadLetter.objects.filter(pk__any=entry_ids).update(status=Status.REPLAYED)
         refresh_open_counts(entry_ids)
         specs = [
             EventSpec(
@@ -325,7 +330,7 @@ def _record_outcomes(
                 status=ItemStatus.FAILED, finished_at=now, last_error=reason
             )
         if failed:
-            DeadLetter.objects.filter(pk__in=[i.entry_id for i, _ in failed]).update(
+            DeadLetter.objects.filter(pk__any=[i.entry_id for i, _ in failed]).update(
                 status=Status.FAILED
             )
         specs += [
@@ -370,11 +375,12 @@ class _Publishers:
         self.nats = plan.channel.broker.kind == BrokerKind.NATS
         self.open: dict[Address, Publisher] = {}
 
-    def target_for(self, entry: DeadLetter) -> Address:
+    def target_for(self, properties: dict[str, Any] | None) -> Address:
+        """Where one entry goes, from its stored broker properties."""
         base = Address(self.plan.target_name, self.plan.target_group)
         if self.nats:
-            subject = (entry.properties or {}).get("subject")
-            stream = (entry.properties or {}).get("stream")
+            subject = (properties or {}).get("subject")
+            stream = (properties or {}).get("stream")
             if isinstance(subject, str) and subject and stream == self.plan.target_name:
                 return Address(subject)
         return base
@@ -714,11 +720,13 @@ def _pause_unconfigured(plan: ReplayPlan, problem: str, actor: Actor) -> None:
 def _outgoing_batch(
     publishers: _Publishers, items: list[ReplayItem]
 ) -> list[tuple[Address, OutgoingMessage]]:
-    """Step 3's messages, bodies read once per attempt (one query per batch)."""
-    entries = DeadLetter.objects.only("id", "body", "headers", "properties").in_bulk(
-        [i.entry_id for i in items]
+    """Step 3's messages, bodies read once per attempt (one query per batch, no model
+    instances: the columns the message needs)."""
+    rows = DeadLetter.objects.filter(pk__any=[i.entry_id for i in items]).values_list(
+        "id", "body", "headers", "properties"
     )
-    return [(publishers.target_for(entries[i.entry_id]), outgoing(entries[i.entry_id], i))
+    columns = {pk: (body, headers, properties) for pk, body, headers, properties in rows}
+    return [(publishers.target_for(columns[i.entry_id][2]), outgoing(*columns[i.entry_id], i))
             for i in items]  # fmt: skip
 
 

@@ -1,0 +1,29 @@
+"""``pk__any``: one array parameter on PostgreSQL (a constant statement text), IN elsewhere."""
+
+from __future__ import annotations
+
+import pytest
+from django.db import connection
+
+from dlq.models import DeadLetter
+from tests.conftest import make_channel
+from tests.dlq.conftest import letter, store
+
+pytestmark = [pytest.mark.django_db]
+
+
+def test_any_matches_exactly_the_listed_ids() -> None:
+    entries = store(make_channel(), *[letter() for _ in range(4)])
+    wanted = [entries[0].pk, entries[2].pk]
+    assert sorted(DeadLetter.objects.filter(pk__any=wanted).values_list("pk", flat=True)) == wanted
+    assert not DeadLetter.objects.filter(pk__any=[]).exists()
+    assert DeadLetter.objects.exclude(pk__any=wanted).count() == 2
+
+
+def test_the_statement_text_does_not_grow_with_the_list() -> None:
+    short, _ = DeadLetter.objects.filter(pk__any=[1]).query.sql_with_params()
+    long, params = DeadLetter.objects.filter(pk__any=list(range(500))).query.sql_with_params()
+    if connection.vendor == "postgresql":
+        assert "= ANY(" in short and short == long and params == (list(range(500)),)
+    else:
+        assert "IN (" in long
