@@ -38,6 +38,7 @@ from the dashboard's group re-reads the same id (``dedupe_key = "redis:<stream>:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import socket
@@ -555,7 +556,7 @@ class RedisDrainSession(DrainSession):
     def _letter(self, entry_id: bytes, fields: dict[bytes, bytes] | None) -> DeadLetter:
         entry = _text(entry_id)
         ms = _id_ms(entry)
-        properties = {
+        properties: dict[str, Any] = {
             "stream": self.stream,
             "group": DRAIN_GROUP,
             "entry_id": entry,
@@ -574,6 +575,12 @@ class RedisDrainSession(DrainSession):
             )
         raw_headers = {_text(k): v for k, v in fields.items() if k != BODY_FIELD.encode()}
         headers = json_safe_headers(raw_headers)
+        # Every field in stream order, so a channel's declared layout can be applied at ingest
+        # (``apply_layout``): the dashboard decides there what the message is.
+        properties[ENTRY_FIELDS] = [
+            [_text(k), v]
+            for k, v in json_safe_headers({_text(k): v for k, v in fields.items()}).items()
+        ]
         reason = headers.get("reason") or headers.get("error")
         source_stream = headers.get("source_stream")
         return DeadLetter(
@@ -603,6 +610,126 @@ class RedisDrainSession(DrainSession):
         self.client.close()
 
 
+# --- entry layouts: what a dead-letter entry's fields mean, both ways -------------------------
+#
+# The one place that knows how a channel's Redis entries hold the message: ingest calls
+# ``apply_layout`` on each drained letter, and the publisher calls ``replay_fields`` to write a
+# replay back. Two layouts:
+#
+# - ``body-field``: one field (``body`` by default) holds the message bytes; every other field
+#   is a header (the dashboard's own convention, and clients that wrap a payload).
+# - ``field-map``: the whole field map is the message, as a plain redis-py client writes it
+#   (``XADD orders * order_id 42 amount 9.5``); a reaper that dead-letters it adds named
+#   error/metadata fields (``reason``, ``x-error-*`` …). The message is shown as a JSON object of
+#   the original fields, and a replay writes exactly those fields back (plus the dashboard's own
+#   ``x-dlq-*`` replay id, which identifies a second death), never the error fields.
+
+ENTRY_FIELDS = "fields"  # DeadLetter.properties of a drained letter: all fields, in order
+ORIGINAL_FIELDS = "redis_fields"  # stored for field-map entries: the original fields, in order
+BODY_FIELD_PROPERTY = "redis_body_field"  # stored when the body field is not ``body``
+DEFAULT_METADATA_FIELDS = (
+    "reason",
+    "error",
+    "error_class",
+    "delivery_count",
+    "source_stream",
+    "source_id",
+    "dead_lettered_at",
+    "x-error-*",
+    "x-dlq-*",
+)
+_REASON_FIELDS = ("reason", "x-error-reason", "error", "x-error", "x-error-message")
+_COUNT_FIELDS = ("delivery_count", "x-error-delivery-count", "x-delivery-count", "times_delivered")
+
+
+@dataclasses.dataclass(frozen=True)
+class EntryLayout:
+    kind: str = "body-field"  # or "field-map"
+    body_field: str = BODY_FIELD
+    metadata_fields: tuple[str, ...] = DEFAULT_METADATA_FIELDS
+
+    def is_metadata(self, name: str) -> bool:
+        lowered = name.lower()
+        for pattern in self.metadata_fields:
+            pattern = pattern.lower()
+            if pattern.endswith("*") and lowered.startswith(pattern[:-1]):
+                return True
+            if lowered == pattern:
+                return True
+        return False
+
+
+def _stored(value: Any) -> bytes | str | int | float:
+    """A stored JSON-safe field value back to what Redis had (``{"$bytes": hex}`` → bytes)."""
+    if isinstance(value, dict) and set(value) == {"$bytes"} and isinstance(value["$bytes"], str):
+        try:
+            return bytes.fromhex(value["$bytes"])
+        except ValueError:
+            pass
+    return _field_value(value)
+
+
+def apply_layout(letter: DeadLetter, layout: EntryLayout) -> DeadLetter:
+    """``letter`` (from a drain) as the channel's layout reads it: body, headers, reason and
+    delivery count. Letters without their field list (not from this adapter) are returned
+    unchanged."""
+    pairs = letter.properties.get(ENTRY_FIELDS)
+    if not isinstance(pairs, list):
+        return letter
+    properties = {k: v for k, v in letter.properties.items() if k != ENTRY_FIELDS}
+    named = [(str(p[0]), p[1]) for p in pairs if isinstance(p, list) and len(p) == 2]
+    if layout.kind == "field-map":
+        original = [[n, v] for n, v in named if not layout.is_metadata(n)]
+        headers = {n: v for n, v in named if layout.is_metadata(n)}
+        body = json.dumps(dict(original), ensure_ascii=False).encode()
+        properties[ORIGINAL_FIELDS] = original
+        properties.setdefault("content_type", "application/json")
+    else:
+        field = layout.body_field or BODY_FIELD
+        raw = next((v for n, v in named if n == field), None)
+        if isinstance(raw, str):
+            body = raw.encode()
+        elif isinstance(raw, dict) and isinstance(raw.get("$bytes"), str):
+            body = bytes.fromhex(raw["$bytes"])
+        else:
+            body = b""
+        headers = {n: v for n, v in named if n != field}
+        if field != BODY_FIELD:
+            properties[BODY_FIELD_PROPERTY] = field
+    lowered = {k.lower(): v for k, v in headers.items()}
+    reason = next((lowered[f] for f in _REASON_FIELDS if isinstance(lowered.get(f), str)), None)
+    count = next(
+        (c for f in _COUNT_FIELDS if (c := _int_or_none(lowered.get(f))) is not None), None
+    )
+    return dataclasses.replace(
+        letter,
+        body=body,
+        headers=headers,
+        properties=properties,
+        reason=reason or letter.reason,
+        redelivery_count=count if count is not None else letter.redelivery_count,
+    )
+
+
+def replay_fields(message: OutgoingMessage) -> dict[Any, Any]:
+    """The fields a replay writes: for a field-map entry exactly its original fields (plus the
+    dashboard's ``x-dlq-*`` headers); otherwise the body under its field and the headers.
+    Raises ``ValueError`` when a header would overwrite the body field."""
+    original = message.properties.get(ORIGINAL_FIELDS)
+    if isinstance(original, list):
+        fields = {str(p[0]): _stored(p[1]) for p in original if isinstance(p, list) and len(p) == 2}
+        for name, value in message.headers.items():
+            if name.lower().startswith("x-dlq-"):
+                fields[name] = _field_value(value)
+        return fields
+    body_field = str(message.properties.get(BODY_FIELD_PROPERTY) or BODY_FIELD)
+    if body_field in message.headers:
+        raise ValueError(f"header {body_field!r} collides with the body field")
+    fields = {body_field: message.body}
+    fields.update({k: _field_value(v) for k, v in message.headers.items()})
+    return fields
+
+
 def _field_value(value: Any) -> bytes | str | int | float:
     if isinstance(value, bool) or value is None:
         return json.dumps(value)
@@ -623,16 +750,13 @@ class RedisPublisher(Publisher):
         sent: list[int] = []
         pipe = self.client.pipeline(transaction=False)
         for index, message in enumerate(messages):
-            if BODY_FIELD in message.headers:
+            try:
+                fields = replay_fields(message)
+            except ValueError as exc:
                 outcomes[index] = PublishOutcome(
-                    key=message.key,
-                    confirmed=False,
-                    reason=f"header {BODY_FIELD!r} collides with the body field",
-                    permanent=True,
+                    key=message.key, confirmed=False, reason=str(exc), permanent=True
                 )
                 continue
-            fields: dict[Any, Any] = {BODY_FIELD: message.body}
-            fields.update({k: _field_value(v) for k, v in message.headers.items()})
             pipe.xadd(self.stream, fields)
             sent.append(index)
         if sent:

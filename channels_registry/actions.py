@@ -10,7 +10,7 @@ from django.db.models import F
 
 from audit.actions import Actor, record
 from channels_registry.checks import ERROR, check_channel
-from channels_registry.models import Broker, Channel, ChannelHealth
+from channels_registry.models import Broker, Channel, ChannelHealth, MessageSchema
 
 
 def refresh_findings(channel: Channel) -> None:
@@ -90,6 +90,35 @@ def do_delete_channel(channel: Channel, *, actor: Actor, reason: str = "") -> No
         reason=reason,
         before=snapshot,
     )
+
+
+class SchemaRejected(Exception):
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("; ".join(problems))
+        self.problems = problems
+
+
+@transaction.atomic
+def do_register_schema(
+    schema: MessageSchema, *, actor: Actor, before: dict[str, Any] | None = None
+) -> MessageSchema:
+    """Register (or edit) one version of a message schema. Refused with ``SchemaRejected``
+    when it is not a JSON Schema or breaks the compatibility mode declared by the channels that
+    use the name (see ``schemas.registration_problems``)."""
+    from channels_registry.schemas import registration_problems
+
+    problems = registration_problems(schema)
+    if problems:
+        raise SchemaRejected(problems)
+    schema.save()
+    record(
+        "registry.schema.register" if before is None else "registry.schema.update",
+        actor=actor,
+        target=schema,
+        before=before,
+        after=schema.audit_snapshot(),
+    )
+    return schema
 
 
 # Polling's action lives in its topic module: it spans two short transactions around a network

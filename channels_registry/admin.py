@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from django import forms
 from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
@@ -17,12 +18,13 @@ from audit.actions import Actor
 from channels_registry.actions import (
     do_delete_broker,
     do_delete_channel,
+    do_register_schema,
     do_save_broker,
     do_save_channel,
     refresh_findings,
 )
 from channels_registry.forms import BrokerForm, ChannelForm
-from channels_registry.models import Broker, Channel
+from channels_registry.models import Broker, Channel, MessageSchema
 from channels_registry.principles import SEED_DEFAULTS, describe, seed_initial
 
 
@@ -186,7 +188,19 @@ class ChannelAdmin(admin.ModelAdmin):
         ),
         (
             "Retention and schema (P1, P8, P9)",
-            {"fields": ["retention_s", "schema_name", "schema_version"]},
+            {"fields": ["retention_s", "schema_name", "schema_version", "schema_compatibility"]},
+        ),
+        (
+            "How messages are written (Redis entry layout, job type)",
+            {
+                "fields": [
+                    "entry_layout",
+                    "entry_body_field",
+                    "entry_metadata_fields",
+                    "message_type_source",
+                    "message_type_key",
+                ]
+            },
         ),
         (
             "Alert thresholds (P10)",
@@ -248,3 +262,38 @@ class ChannelAdmin(admin.ModelAdmin):
         if obj is not None and not obj.findings:
             refresh_findings(obj)
         return super().render_change_form(request, context, *args, **kwargs)
+
+
+class MessageSchemaForm(forms.ModelForm):
+    class Meta:
+        model = MessageSchema
+        fields = ["name", "version", "schema"]
+
+    def clean(self) -> dict[str, Any]:
+        from channels_registry.schemas import registration_problems
+
+        cleaned = super().clean() or {}
+        if not self.errors:
+            candidate = MessageSchema(
+                pk=self.instance.pk,
+                name=cleaned.get("name", ""),
+                version=cleaned.get("version", ""),
+                schema=cleaned.get("schema"),
+            )
+            problems = registration_problems(candidate)
+            if problems:
+                raise forms.ValidationError(problems)
+        return cleaned
+
+
+@admin.register(MessageSchema)
+class MessageSchemaAdmin(admin.ModelAdmin):
+    """Registered JSON Schemas; a channel's schema name and version select one."""
+
+    form = MessageSchemaForm
+    list_display = ["name", "version", "created_at"]
+    search_fields = ["name"]
+
+    def save_model(self, request: HttpRequest, obj: MessageSchema, form: Any, change: bool) -> None:
+        before = MessageSchema.objects.get(pk=obj.pk).audit_snapshot() if change else None
+        do_register_schema(obj, actor=Actor.from_request(request), before=before)

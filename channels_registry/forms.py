@@ -103,6 +103,12 @@ CHANNEL_FORM_FIELDS = [
     "retention_s",
     "schema_name",
     "schema_version",
+    "schema_compatibility",
+    "entry_layout",
+    "entry_body_field",
+    "entry_metadata_fields",
+    "message_type_source",
+    "message_type_key",
     "alert_dlq_depth",
     "alert_lag_messages",
     "alert_lag_seconds",
@@ -124,6 +130,13 @@ class ChannelForm(forms.ModelForm):
         required=False, help_text="One JSON path per line, e.g. $.customer.email"
     )
     redact_headers = LinesField(required=False, help_text="One header name per line.")
+    entry_metadata_fields = LinesField(
+        label="Redis error / metadata fields",
+        required=False,
+        help_text="Field-map layout: one field name per line (a trailing * matches a prefix). "
+        "Empty: reason, error, error_class, delivery_count, source_stream, source_id, "
+        "dead_lettered_at, x-error-*, x-dlq-*.",
+    )
 
     class Meta:
         model = Channel

@@ -211,6 +211,26 @@ class PartitionMechanism(models.TextChoices):
     PER_SUBJECT = "per-subject", "Per-subject consumers (NATS subject per key)"
 
 
+class EntryLayout(models.TextChoices):
+    """How a Redis Streams dead-letter entry holds the message (see brokers.redis_streams)."""
+
+    BODY_FIELD = "body-field", "One field holds the message; the others are headers"
+    FIELD_MAP = "field-map", "The field map is the message; named fields are error metadata"
+
+
+class MessageTypeSource(models.TextChoices):
+    AUTO = "", "— recognise Celery and Sidekiq jobs —"
+    HEADER = "header", "Header"
+    JSON_PATH = "json-path", "JSON path in the body"
+
+
+class SchemaCompatibility(models.TextChoices):
+    NONE = "", "— not checked —"
+    BACKWARD = "backward", "Backward (new readers read old messages)"
+    FORWARD = "forward", "Forward (old readers read new messages)"
+    FULL = "full", "Full (both)"
+
+
 class DlqStrategy(models.TextChoices):
     RETRY_COUNT = "retry-count-limit", "Retry-count limit"
     TTL_BACKOFF = "ttl-with-backoff", "TTL with backoff"
@@ -314,6 +334,45 @@ class Channel(models.Model):
     retention_s = models.PositiveIntegerField("retention (s)", null=True, blank=True)
     schema_name = models.CharField(max_length=200, blank=True)
     schema_version = models.CharField(max_length=50, blank=True)
+    schema_compatibility = models.CharField(
+        max_length=16,
+        choices=SchemaCompatibility.choices,
+        blank=True,
+        help_text="Checked when a new version of this channel's schema is registered.",
+    )
+    # How messages are written (entry layout for Redis, the job type for triage).
+    entry_layout = models.CharField(
+        "Redis entry layout",
+        max_length=16,
+        choices=EntryLayout.choices,
+        default=EntryLayout.BODY_FIELD,
+        blank=True,
+        help_text="Redis Streams only: how a dead-letter entry holds the original message "
+        "(empty: one body field).",
+    )
+    entry_body_field = models.CharField(
+        "Redis body field",
+        max_length=100,
+        default="body",
+        blank=True,
+        help_text="For the body-field layout (empty: body).",
+    )
+    entry_metadata_fields = models.JSONField(
+        "Redis error / metadata fields",
+        default=list,
+        blank=True,
+        help_text="For the field-map layout: fields a reaper adds (reason, x-error-*); a "
+        "trailing * matches a prefix. Empty: the usual names.",
+    )
+    message_type_source = models.CharField(
+        "message type location", max_length=16, choices=MessageTypeSource.choices, blank=True
+    )
+    message_type_key = models.CharField(
+        "message type header or JSON path",
+        max_length=200,
+        blank=True,
+        help_text="e.g. task (Celery's header), or $.type",
+    )
     # P10: alert thresholds.
     alert_dlq_depth = models.PositiveIntegerField("alert: DLQ depth", null=True, blank=True)
     alert_lag_messages = models.PositiveIntegerField(
@@ -412,7 +471,13 @@ class Channel(models.Model):
         for name in ("dlq_address", "poison_address"):
             if getattr(self, name) and getattr(self, name) == self.address:
                 errors[name] = "Must differ from the channel's own address."
-        for name in ("redact_json_paths", "redact_headers"):
+        if self.message_type_source == MessageTypeSource.JSON_PATH and not (
+            self.message_type_key.startswith("$.")
+        ):
+            errors["message_type_key"] = "A JSON path starts with $. (e.g. $.type)."
+        if self.message_type_source == MessageTypeSource.HEADER and not self.message_type_key:
+            errors["message_type_key"] = "Name the header holding the message type."
+        for name in ("redact_json_paths", "redact_headers", "entry_metadata_fields"):
             value = getattr(self, name)
             if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
                 errors[name] = "Give a list of strings."
@@ -453,6 +518,28 @@ def installation_id() -> str:
     if row is None:
         row, _ = Installation.objects.get_or_create(pk=1, defaults={"uid": uuid.uuid4().hex[:12]})
     return row.uid
+
+
+class MessageSchema(models.Model):
+    """One registered version of a message schema (JSON Schema). A channel's declared schema
+    name and version select the one its messages are validated against (P1/P9)."""
+
+    name = models.CharField(max_length=200)
+    version = models.CharField(max_length=50)
+    schema = models.JSONField(help_text="A JSON Schema document.")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["name", "created_at"]
+        constraints = [
+            models.UniqueConstraint(fields=["name", "version"], name="schema_unique_version")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name} v{self.version}"
+
+    def audit_snapshot(self) -> dict[str, Any]:
+        return {"name": self.name, "version": self.version, "schema": self.schema}
 
 
 # --- Polling, samples and health (issue 3) -------------------------------------------------

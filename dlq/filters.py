@@ -66,6 +66,7 @@ class EntryFilter:
     since: dt.datetime | None = None
     until: dt.datetime | None = None
     idempotency_key: str = ""
+    message_type: str = ""
     q: str = ""
     errors: list[str] = dataclasses.field(default_factory=list)
 
@@ -83,6 +84,7 @@ class EntryFilter:
             since=_parse_when(get("since")),
             until=_parse_when(get("until")),
             idempotency_key=get("key")[:255],
+            message_type=get("type")[:200],
             q=get("q")[:200],
         )
         if get("since") and f.since is None:
@@ -101,7 +103,7 @@ class EntryFilter:
     def is_empty(self) -> bool:
         return not any(
             [self.channel, self.source, self.status, self.group, self.reason, self.since]
-            + [self.until, self.idempotency_key, self.search]
+            + [self.until, self.idempotency_key, self.message_type, self.search]
         )
 
     def apply(self, entries: QuerySet[DeadLetter]) -> QuerySet[DeadLetter]:
@@ -128,6 +130,8 @@ class EntryFilter:
             entries = entries.filter(dead_lettered_at__lt=self.until)
         if self.idempotency_key:
             entries = entries.filter(idempotency_key=self.idempotency_key)
+        if self.message_type:
+            entries = entries.filter(message_type=self.message_type)
         if self.search:
             # search_text is stored lower-cased; plain LIKE uses the trigram index.
             entries = entries.filter(search_text__contains=self.search)
@@ -144,6 +148,7 @@ class EntryFilter:
             "since": self.since.isoformat() if self.since else "",
             "until": self.until.isoformat() if self.until else "",
             "key": self.idempotency_key,
+            "type": self.message_type,
             "q": self.search,
         }
         return {k: v for k, v in raw.items() if v}

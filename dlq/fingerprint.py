@@ -1,6 +1,7 @@
 """Failure fingerprints: entries that failed the same way share one.
 
-fingerprint = sha256(channel id, reason, normalized error class, normalized error message),
+fingerprint = sha256(channel id, reason, normalized error class, normalized error message[,
+message type]),
 where normalizing strips what differs between occurrences of one failure: UUIDs, hex strings,
 quoted values and numbers, then collapses whitespace. ``OrderNotFound: order 4711 missing``
 and ``OrderNotFound: order 4712 missing`` fall into one group.
@@ -30,7 +31,13 @@ def normalize_error(text: str) -> str:
     return _SPACE.sub(" ", text).strip()[:500]
 
 
-def fingerprint(channel_id: int, reason: str, error_class: str, error_message: str) -> str:
+def fingerprint(
+    channel_id: int, reason: str, error_class: str, error_message: str, message_type: str = ""
+) -> str:
+    """The group of one failure. The message type (job name) is part of it, so one task
+    failing does not hide among another's; entries without a type hash as before."""
     parts = [str(channel_id), reason.strip().lower(), normalize_error(error_class)]
     parts.append(normalize_error(error_message))
+    if message_type:
+        parts.append(message_type.strip())
     return hashlib.sha256("\x1f".join(parts).encode("utf-8", "replace")).hexdigest()

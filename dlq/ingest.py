@@ -37,10 +37,11 @@ from django.db.models.functions import Greatest, Least
 from django.utils import timezone
 
 from audit.actions import Actor, record
-from brokers import get_adapter
+from brokers import get_adapter, redis_streams
 from brokers.base import Address, BrokerAdapter
 from brokers.base import DeadLetter as Letter
 from brokers.nats_jetstream import NatsJetStreamAdapter
+from channels_registry import schemas
 from channels_registry.models import (
     BrokerKind,
     Channel,
@@ -48,7 +49,7 @@ from channels_registry.models import (
     IdempotencySource,
     installation_id,
 )
-from dlq import redaction, render
+from dlq import message, redaction, render
 from dlq.fingerprint import fingerprint, normalize_error
 from dlq.models import DeadLetter, FailureGroup, Source
 from dlq.relay import link_replayed_parents
@@ -242,8 +243,23 @@ class Built(NamedTuple):
     json_text: dict[str, str]  # attname -> JSON text of the row's JSON fields, for COPY
 
 
+def as_written(channel: Channel, letter: Letter) -> Letter:
+    """The letter read with the channel's declared Redis entry layout (see
+    ``brokers.redis_streams.apply_layout``); other brokers' letters are unchanged."""
+    if channel.broker.kind != BrokerKind.REDIS:
+        return letter
+    layout = redis_streams.EntryLayout(
+        kind=channel.entry_layout,
+        body_field=channel.entry_body_field or redis_streams.BODY_FIELD,
+        metadata_fields=tuple(channel.entry_metadata_fields or ())
+        or redis_streams.DEFAULT_METADATA_FIELDS,
+    )
+    return redis_streams.apply_layout(letter, layout)
+
+
 def build_entry(channel: Channel, letter: Letter, source: str, now: dt.datetime) -> Built:
     """The unsaved row for ``letter``, its failure fingerprint and its JSON as text."""
+    letter = as_written(channel, letter)
     headers, headers_json = _json_no_nul(letter.headers)
     properties, properties_json = _json_no_nul(letter.properties)
     death_history, death_history_json = _json_no_nul(list(letter.death_history))
@@ -270,10 +286,34 @@ def build_entry(channel: Channel, letter: Letter, source: str, now: dt.datetime)
     reason = _text(letter.reason or _first_header(lowered, ["reason", "x-first-death-reason"]), 100)
     error_class = _text(_first_header(visible_lowered, ERROR_CLASS_HEADERS), 300)
     error_message = _text(_first_header(visible_lowered, ERROR_MESSAGE_HEADERS), 10_000)
-    idem = read_idempotency_key(channel, headers, properties, document)
+    # Job-aware triage: the type and what a known job client (Celery, Sidekiq) says.
+    job = message.recognise_job(headers, document)
+    mtype = message.message_type(channel, headers, document, job)
+    error_class = error_class or _text(job.get("error_class"), 300)
+    error_message = error_message or _text(job.get("error_message"), 10_000)
+    # A field-map Redis entry keeps its fields as the message: a header-declared key is there.
+    key_headers = headers
+    if isinstance(properties.get(redis_streams.ORIGINAL_FIELDS), list):
+        key_headers = {**dict(properties[redis_streams.ORIGINAL_FIELDS]), **headers}
+    idem = read_idempotency_key(channel, key_headers, properties, document)
     schema = _first_header(lowered, SCHEMA_VERSION_HEADERS)
     if schema is None and isinstance(document, dict):
         schema = document.get("schema_version", document.get("schemaVersion"))
+    # P1: a body failing the channel's registered schema is poison, the validation error its
+    # reason (the entry's own schema version selects the schema when it is registered).
+    invalid = schemas.failure(
+        channel,
+        document,
+        _text(schema, 50) if schema is not None else "",
+        parsed=render.is_parsed(document),
+    )
+    if invalid is not None:
+        source = Source.POISON
+        reason = _text(f"schema-invalid: {invalid.message}", 100)
+        error_class = "SchemaValidationError"
+        error_message = f"{invalid.path}: {invalid.message}"
+    schema_error, schema_error_json = _json_no_nul(invalid.as_dict() if invalid else {})
+    job, job_json = _json_no_nul(job)
     if isinstance(document, dict | list) and channel.redact_json_paths:
         body_view: bytes | None = render.redacted_body_bytes(letter.body, channel)
     elif channel.redact_json_paths:
@@ -293,7 +333,7 @@ def build_entry(channel: Channel, letter: Letter, source: str, now: dt.datetime)
         reason=reason,
         error_class=error_class,
         error_message=error_message,
-        redelivery_count=letter.redelivery_count,
+        redelivery_count=message.delivery_count(letter.redelivery_count, headers, job),
         first_death_queue=_text(letter.first_death_queue, 255),
         first_death_exchange=_text(letter.first_death_exchange, 255),
         first_death_at=_aware(letter.first_death_at),
@@ -303,6 +343,9 @@ def build_entry(channel: Channel, letter: Letter, source: str, now: dt.datetime)
         missing_idempotency_key=not idem,
         schema_version=_text(schema, 50) if schema is not None else "",
         is_parseable=is_parseable,
+        schema_error=schema_error,
+        message_type=mtype,
+        job=job,
         death_history=death_history,
         search_text=search_text(body_view, visible_headers),
     )
@@ -311,7 +354,10 @@ def build_entry(channel: Channel, letter: Letter, source: str, now: dt.datetime)
         "properties": properties_json,
         "death_history": death_history_json,
     }
-    return Built(entry, fingerprint(channel.pk, reason, error_class, error_message), json_text)
+    json_text["schema_error"] = schema_error_json
+    json_text["job"] = job_json
+    print_ = fingerprint(channel.pk, reason, error_class, error_message, mtype)
+    return Built(entry, print_, json_text)
 
 
 # -- one batch: store, then (caller) ack -------------------------------------------------
@@ -439,6 +485,7 @@ def _count_into_groups(
                 sample_id=ids[first.dedupe_key],
                 reason=first.reason,
                 error_class=first.error_class,
+                message_type=first.message_type,
                 normalized_error=normalize_error(first.error_message),
                 first_seen=min(seen),
                 last_seen=max(seen),

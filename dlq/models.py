@@ -51,6 +51,7 @@ class FailureGroup(models.Model):
     open_count = models.BigIntegerField(default=0)
     first_seen = models.DateTimeField()
     last_seen = models.DateTimeField(db_index=True)
+    message_type = models.CharField(max_length=200, blank=True)
     sample = models.ForeignKey(
         "DeadLetter", on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
     )
@@ -98,6 +99,12 @@ class DeadLetter(models.Model):
     idempotency_key = models.CharField(max_length=255, blank=True)
     missing_idempotency_key = models.BooleanField(default=False)
     schema_version = models.CharField(max_length=50, blank=True)
+    # Why the body fails the channel's registered schema: {"path": "$.amount", "message": …}.
+    schema_error = models.JSONField(default=dict, blank=True)
+    # The job or message type (Celery task name, Sidekiq class, or the declared header/path),
+    # and what a recognised job client says about it (id, retries, args as the client showed).
+    message_type = models.CharField(max_length=200, blank=True)
+    job = models.JSONField(default=dict, blank=True)
     # True: parses as JSON; False: should and does not; NULL: not JSON by its content type.
     is_parseable = models.BooleanField(null=True)
     death_history = models.JSONField(default=list, blank=True)
@@ -123,6 +130,7 @@ class DeadLetter(models.Model):
             models.Index(fields=["status", "id"], name="dlq_entry_status_id"),
             models.Index(fields=["reason", "id"], name="dlq_entry_reason_id"),
             models.Index(fields=["idempotency_key"], name="dlq_entry_idem"),
+            models.Index(fields=["channel", "message_type", "id"], name="dlq_entry_type_id"),
             models.Index(fields=["dead_lettered_at"], name="dlq_entry_dead_at"),
             models.Index(fields=["group"], condition=UNRESOLVED_Q, name="dlq_entry_open_group"),
             models.Index(

@@ -18,12 +18,14 @@ from django.db import connection
 from django.db.models import Count, Exists, OuterRef, Q, QuerySet
 
 from brokers.base import Address
+from channels_registry import schemas
 from channels_registry.models import (
     Channel,
     ChannelHealth,
     Ordering,
     Semantic,
 )
+from dlq import render
 from dlq.filters import EntryFilter, parse_id
 from dlq.models import (
     REPEAT_OFFENDER_REPLAYS,
@@ -245,6 +247,7 @@ def _replay_warnings(channel: Channel, entries: QuerySet[DeadLetter]) -> list[Wa
                     count=older,
                 )
             )
+    warnings.extend(_schema_warnings(channel, entries))
     health = ChannelHealth.objects.filter(channel=channel).values("consumers").first()
     consumers = health["consumers"] if health else None
     if consumers == 0:
@@ -257,6 +260,39 @@ def _replay_warnings(channel: Channel, entries: QuerySet[DeadLetter]) -> list[Wa
     elif consumers is None:
         warnings.append(Warn("consumers_unknown", "The target's consumers are unknown.", "info"))
     return warnings
+
+
+SCHEMA_CHECK_LIMIT = 2_000
+
+
+def _schema_warnings(channel: Channel, entries: QuerySet[DeadLetter]) -> list[Warn]:
+    """Entries whose body fails the channel's schema as registered *today* (its declared
+    version): replayed, they will fail the consumer again (P1/P9). Bounded: the first
+    ``SCHEMA_CHECK_LIMIT`` entries are validated, and the warning says so when it stopped."""
+    current = schemas.schema_for(channel)
+    if current is None:
+        return []
+    failing, checked, example = 0, 0, None
+    rows = entries.exclude(body=None).order_by("pk").values_list("body", flat=True)
+    for body in rows[:SCHEMA_CHECK_LIMIT]:
+        checked += 1
+        document = render.parse_json(bytes(body or b""))
+        problem = schemas.validate(current.schema, document) if render.is_parsed(document) else None
+        if problem is not None:
+            failing += 1
+            example = example or problem
+    if not failing or example is None:
+        return []
+    scope = f" (of the first {checked:,} checked)" if checked >= SCHEMA_CHECK_LIMIT else ""
+    return [
+        Warn(
+            "schema_invalid",
+            f"{failing:,} entr{'y fails' if failing == 1 else 'ies fail'}{scope} today's schema "
+            f"{current.name} v{current.version} (e.g. at {example.path}: {example.message}): "
+            "the consumer will reject them again.",
+            count=failing,
+        )
+    ]
 
 
 ORDER_KEY_CHECK_LIMIT = 5_000

@@ -176,6 +176,26 @@ def header_rows(
     return rows, max(0, len(items) - limit)
 
 
+#: AMQP properties holding times (epoch seconds): shown as UTC times, the epoch kept after.
+TIME_PROPERTIES = ("timestamp",)
+#: Stored for replay only (the original Redis fields are the body already).
+HIDDEN_PROPERTIES = ("redis_fields",)
+
+
+def property_rows(properties: dict[str, Any], *, limit: int = 50) -> list[tuple[str, str]]:
+    """(name, value) rows for the properties table; AMQP timestamps as times."""
+    rows = []
+    for key, value in properties.items():
+        if key in HIDDEN_PROPERTIES:
+            continue
+        when = _epoch(value) if key in TIME_PROPERTIES else None
+        if when is not None:
+            rows.append((key, f"{when:%Y-%m-%d %H:%M:%S} UTC ({value})"))
+        else:
+            rows.append((key, header_value_text(value)))
+    return rows[:limit]
+
+
 @dataclasses.dataclass
 class Death:
     time: dt.datetime | None

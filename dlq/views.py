@@ -144,9 +144,7 @@ def _detail_context(request: HtmxHttpRequest, entry: DeadLetter, revealed: bool)
         "body": rendered,
         "header_rows": header_rows,
         "headers_hidden": headers_hidden,
-        "properties": [
-            (k, body_render.header_value_text(v)) for k, v in (entry.properties or {}).items()
-        ][:50],
+        "properties": body_render.property_rows(entry.properties or {}),
         "timeline": body_render.timeline(entry.death_history or []),
         "history": history,
         "redacted": redact,
