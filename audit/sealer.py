@@ -133,6 +133,7 @@ def _apply(ids: list[int], seqs: list[int], prevs: list[str], hashes: list[str])
 # -- who seals, and when ---------------------------------------------------------------------
 
 _wake = threading.Event()
+_checkpoint_wanted = threading.Event()
 _thread_lock = threading.Lock()
 _thread: tuple[int, threading.Thread] | None = None
 
@@ -164,13 +165,43 @@ def wake() -> None:
     _wake.set()
 
 
+def request_checkpoint() -> None:
+    """Call at the end of a burst (a replay or discard plan that finishes): once the current
+    transaction commits, seal everything and write a signed checkpoint at once instead of at
+    the next minute. Never raises: a checkpoint failure is kept for the audit page and
+    /metrics like the minute's."""
+    if settings.DLO_AUDIT_SEALER == "thread":
+        transaction.on_commit(_checkpoint_soon)
+    else:
+        transaction.on_commit(_seal_and_checkpoint)
+
+
+def _checkpoint_soon() -> None:
+    _checkpoint_wanted.set()
+    wake()
+
+
+def _seal_and_checkpoint() -> None:
+    from audit.checkpoints import CheckpointError, write_checkpoint
+
+    try:
+        seal(wait=True)
+        write_checkpoint()
+    except (CheckpointError, HeadMissing) as exc:
+        log.warning("audit checkpoint after a burst not written: %s", exc)
+
+
 def _run() -> None:
     while True:
         _wake.wait()
         time.sleep(WAKE_DELAY_S)
         _wake.clear()
         try:
-            seal()
+            if _checkpoint_wanted.is_set():
+                _checkpoint_wanted.clear()
+                _seal_and_checkpoint()
+            else:
+                seal()
         except Exception:
             log.exception("sealing audit events failed; the periodic job retries")
         finally:

@@ -20,6 +20,7 @@ from django.db.models import F
 from django.utils import timezone
 
 from audit.actions import Actor, EventSpec, record, record_many
+from audit.sealer import request_checkpoint
 from brokers.base import BrokerError
 from channels_registry.models import BrokerConfigError, Channel, ChannelHealth
 from dlq import retention
@@ -382,6 +383,7 @@ def _finish_discard(plan: Any) -> None:
         channel_slug=plan.channel.slug,
         after={"total": plan.total, "discarded": plan.discarded, "skipped": plan.skipped},
     )
+    request_checkpoint()  # a burst ended: anchor it now, not at the next minute
 
 
 def run_discard_plan(plan: Any, owner: str, result: Any, max_seconds: float) -> Any:

@@ -43,6 +43,7 @@ from django.db.models.functions import Cast, Coalesce, Concat
 from django.utils import timezone
 
 from audit.actions import Actor, EventSpec, record, record_many
+from audit.sealer import request_checkpoint
 from brokers.base import Address, BrokerError, OutgoingMessage, Publisher, PublishOutcome
 from channels_registry.models import (
     BrokerConfigError,
@@ -782,6 +783,7 @@ def _finish(plan: ReplayPlan, actor: Actor) -> None:
                 },
                 outcome="failed" if plan.failed else "success",
             )
+            request_checkpoint()  # a burst ended: anchor it now, not at the next minute
 
 
 def _canary_check(plan: ReplayPlan, deadline: float) -> bool:

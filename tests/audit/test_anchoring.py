@@ -338,3 +338,27 @@ def test_keygen_and_checkpoint_commands(
     call_command("audit", "checkpoint")
     assert "Checkpoint #1: 2 events" in capsys.readouterr().out
     shutil.rmtree(tmp_path / "cp")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_finished_burst_is_anchored_at_once(signing: Path, settings: Any) -> None:
+    """``request_checkpoint()`` (called when a replay or discard plan finishes): sealed and
+    signed right after the commit, not at the next minute."""
+    import time
+
+    from django.db import transaction
+
+    from audit.sealer import request_checkpoint
+
+    settings.DLO_AUDIT_SEALER = "thread"
+    with transaction.atomic():
+        write_events(3)
+        request_checkpoint()
+        assert not signing.exists()  # nothing before the commit
+    deadline = time.monotonic() + 30
+    while not (signing.exists() and read_dir(signing)):
+        assert time.monotonic() < deadline, "no checkpoint within 30 s of the commit"
+        time.sleep(0.05)
+    assert read_dir(signing)[0].tree_size == 3
+    while AuditEvent.objects.filter(seq__isnull=True).exists():  # let the thread go idle
+        time.sleep(0.05)
