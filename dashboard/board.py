@@ -360,7 +360,8 @@ def _count_links(counts: list[tuple[str, str, int]], query: Any) -> list[tuple[s
 
 
 def _offset(raw: str) -> int:
-    return int(raw) if raw.isdigit() and len(raw) < 7 else 0
+    # isascii: "²".isdigit() is true, yet int("²") fails.
+    return int(raw) if raw.isascii() and raw.isdigit() and len(raw) < 7 else 0
 
 
 @require_GET

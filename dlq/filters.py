@@ -43,7 +43,12 @@ def _parse_when(raw: str) -> dt.datetime | None:
         return None
     if value is not None and timezone.is_naive(value):
         value = timezone.make_aware(value, dt.UTC)
-    return value
+    try:
+        # A time that exists in UTC too: 9999-12-31T23:59:59-14:00 does not, and would fail
+        # in the query (a 500) instead of here.
+        return value.astimezone(dt.UTC) if value is not None else None
+    except OverflowError:
+        return None
 
 
 def parse_id(raw: Any) -> int | None:
