@@ -32,6 +32,7 @@ import time
 import uuid
 from collections.abc import Sequence
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 from django.conf import settings
@@ -40,6 +41,7 @@ from django.db import transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
+from alerts.egress import EgressRefused, pinned_target
 from alerts.models import (
     DeliveryAttempt,
     Destination,
@@ -189,9 +191,19 @@ def render(
 
 def _post(dest: Destination, body: bytes, headers: dict[str, str]) -> int:
     try:
+        url, host = pinned_target(dest.url)
+    except EgressRefused as exc:
+        raise DeliveryError(f"refused: {exc}"[:300], permanent=True) from None
+    except ValueError as exc:  # a malformed port or IPv6 literal
+        raise DeliveryError(f"invalid URL: {exc}"[:300], permanent=True) from None
+    sni = urlsplit(dest.url).hostname or ""
+    try:
         with httpx.Client(timeout=HTTP_TIMEOUT_S, follow_redirects=False) as client:
             response = client.post(
-                dest.url, content=body, headers={**headers, "User-Agent": "dead-letter-office"}
+                url,
+                content=body,
+                headers={**headers, "User-Agent": "dead-letter-office", "Host": host},
+                extensions={"sni_hostname": sni},
             )
     except httpx.InvalidURL as exc:
         # Not an httpx.HTTPError; a URL saved before validation can only be fixed by a person.

@@ -15,7 +15,7 @@ def bench_channels(
     fields per channel. Returns the broker."""
     from channels_registry.models import Broker, Channel
 
-    env = f"BENCH_{name.upper().replace('-', '_')}_URL"
+    env = f"DLO_BROKER_BENCH_{name.upper().replace('-', '_')}_URL"
     os.environ[env] = "redis://bench.invalid:6379/0"
     broker = Broker.objects.create(name=name, kind="redis", url_env=env)
     Channel.objects.bulk_create(

@@ -88,7 +88,7 @@ def main() -> None:
     if not os.environ.get("DATABASE_URL", "").startswith("postgres"):
         sys.exit("Set DATABASE_URL to a PostgreSQL database for the benchmark.")
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "dashboard.settings")
-    os.environ["BENCH_INGEST_URL"] = URL
+    os.environ["DLO_BROKER_BENCH_INGEST_URL"] = URL
     django.setup()
     from django.core.management import call_command
 
@@ -100,7 +100,7 @@ def main() -> None:
     run = uuid.uuid4().hex[:8]
     queue = f"bench.ingest.{run}.dlq"
     broker, _ = Broker.objects.get_or_create(
-        name="bench-ingest", defaults={"kind": "rabbitmq", "url_env": "BENCH_INGEST_URL"}
+        name="bench-ingest", defaults={"kind": "rabbitmq", "url_env": "DLO_BROKER_BENCH_INGEST_URL"}
     )
     channel = Channel.objects.create(
         broker=broker,

@@ -220,7 +220,9 @@ def bench_targets() -> dict[str, Any]:
     from dlq.models import DeadLetter
 
     # Fresh health rows (a reused database's are stale, which would make every row unhealthy).
-    os.environ["BENCH_PAGES_URL"] = "redis://bench.invalid:6379/0"  # never used: synthetic
+    os.environ["DLO_BROKER_BENCH_PAGES_URL"] = (
+        "redis://bench.invalid:6379/0"  # never used: synthetic
+    )
     polling.get_adapter = lambda *a, **k: SyntheticAdapter()  # type: ignore[assignment]
     polling.do_poll_broker(Broker.objects.get(name="bench-pages").pk, force=True)
     user = User.objects.get(username="bench-oncall")

@@ -179,7 +179,7 @@ def bench_rabbitmq() -> None:
 
     connection = pika.BlockingConnection(pika.URLParameters(AMQP_URL))
     ch = connection.channel()
-    os.environ["BENCH_RABBIT_URL"] = AMQP_URL
+    os.environ["DLO_BROKER_BENCH_RABBIT_URL"] = AMQP_URL
     print(f"RabbitMQ: {N} persistent 1 KiB messages, {ROUNDS} rounds")
     ratios = []
     for round_no in range(ROUNDS):
@@ -187,7 +187,7 @@ def bench_rabbitmq() -> None:
         ch.queue_declare(queue, durable=True)
         ch.queue_declare(moved, durable=True)
         try:
-            channel, _ = make_entries("rabbitmq", queue, "BENCH_RABBIT_URL", round_no)
+            channel, _ = make_entries("rabbitmq", queue, "DLO_BROKER_BENCH_RABBIT_URL", round_no)
             relay_rate = relay(channel)
             depth = ch.queue_declare(queue, passive=True).method.message_count
             assert depth == N, depth
@@ -226,13 +226,13 @@ def bench_redis() -> None:
     import redis
 
     client = redis.Redis.from_url(REDIS_URL)
-    os.environ["BENCH_REDIS_URL"] = REDIS_URL
+    os.environ["DLO_BROKER_BENCH_REDIS_URL"] = REDIS_URL
     print(f"Redis Streams: {N} 1 KiB messages, {ROUNDS} rounds")
     ratios = []
     for round_no in range(ROUNDS):
         stream = f"bench-replay-{RUN}-{round_no}"
         try:
-            channel, _ = make_entries("redis", stream, "BENCH_REDIS_URL", round_no)
+            channel, _ = make_entries("redis", stream, "DLO_BROKER_BENCH_REDIS_URL", round_no)
             relay_rate = relay(channel)
             ratios.append(relay_rate / _raw_publish_rate("redis", REDIS_URL, f"{stream}-raw"))
             print(f"  round {round_no + 1}: relay/raw {ratios[-1]:.2f}x")
@@ -257,12 +257,12 @@ def bench_nats() -> None:
         await nc.close()
 
     asyncio.run(admin(True))
-    os.environ["BENCH_NATS_URL"] = NATS_URL
+    os.environ["DLO_BROKER_BENCH_NATS_URL"] = NATS_URL
     print(f"NATS JetStream: {N} 1 KiB messages, {ROUNDS} rounds")
     ratios = []
     try:
         for round_no in range(ROUNDS):
-            channel, _ = make_entries("nats", stream, "BENCH_NATS_URL", round_no)
+            channel, _ = make_entries("nats", stream, "DLO_BROKER_BENCH_NATS_URL", round_no)
             relay_rate = relay(channel)
             ratios.append(relay_rate / _raw_publish_rate("nats", NATS_URL, f"{stream}.raw"))
             print(f"  round {round_no + 1}: relay/raw {ratios[-1]:.2f}x")

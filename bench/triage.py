@@ -96,7 +96,7 @@ def main() -> None:
     settings.DEBUG = False
     call_command("migrate", verbosity=0)
     broker, _ = Broker.objects.get_or_create(
-        name="bench-triage", defaults={"kind": "rabbitmq", "url_env": "BENCH_TRIAGE_URL"}
+        name="bench-triage", defaults={"kind": "rabbitmq", "url_env": "DLO_BROKER_BENCH_TRIAGE_URL"}
     )
     channels = []
     for i in range(5):

@@ -22,10 +22,50 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import re
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
+from urllib.parse import unquote, urlsplit
+
+# ``scheme://user:password@`` anywhere in a text (a library echoing the URL it was given).
+_USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?P<user>[^:@/\s]*):[^@\s]*@")
+URL_PLACEHOLDER = "[broker URL]"
+
+
+def redact_credentials(text: str) -> str:
+    """``text`` with the password of every ``scheme://user:password@`` in it replaced."""
+    return _USERINFO.sub(r"\g<scheme>\g<user>:***@", text)
+
+
+def scrub(text: str, url: str) -> str:
+    """``text`` safe to store, log or show although it may quote ``url``, a connection URL
+    (or a comma-separated list of them) whose value nobody but the server may read.
+
+    1. The whole URL and each server in it are replaced by a placeholder: a value that does
+       not even parse (someone named the wrong variable) is never echoed.
+    2. Each password, and a bare user-info token (``nats://TOKEN@host``), raw and
+       percent-decoded, is replaced wherever it still appears.
+    3. Any other ``scheme://user:password@`` loses its password.
+    """
+    if url:
+        servers = sorted({url, *(s.strip() for s in url.split(","))} - {""}, key=len, reverse=True)
+        secrets: set[str] = set()
+        for server in servers:
+            text = text.replace(server, URL_PLACEHOLDER)
+            try:
+                parts = urlsplit(server)
+                password, user = parts.password, parts.username
+            except ValueError:
+                continue
+            token = password if password is not None else user
+            if token:
+                secrets |= {token, unquote(token)}
+        for secret in sorted(secrets, key=len, reverse=True):
+            if len(secret) >= 3:  # shorter would garble the text; it guards nothing anyway
+                text = text.replace(secret, "***")
+    return redact_credentials(text)
 
 
 class BrokerError(Exception):
@@ -36,7 +76,8 @@ class BrokerError(Exception):
     def __init__(
         self, message: str, *, permanent: bool = False, connection_lost: bool = False
     ) -> None:
-        super().__init__(message)
+        # No message leaves an adapter with a URL's password in it, whatever a library said.
+        super().__init__(redact_credentials(message))
         self.permanent = permanent
         self.connection_lost = connection_lost and not permanent
 
@@ -251,11 +292,15 @@ class BrokerAdapter(abc.ABC):
         management_url: str | None = None,
         timeout: float = 5.0,
         max_pages: int = 100,
+        credential_hosts: Sequence[str] = (),
     ) -> None:
+        """``credential_hosts``: hosts besides the URL's own that may receive its credentials
+        (an adapter sends them nowhere else, whatever ``management_url`` names)."""
         self.url = url
         self.management_url = management_url or None
         self.timeout = timeout
         self.max_pages = max_pages
+        self.credential_hosts = frozenset(h.strip().lower() for h in credential_hosts if h)
 
     @abc.abstractmethod
     def ping(self) -> None:

@@ -457,11 +457,13 @@ class NatsJetStreamAdapter(BrokerAdapter):
         for server in self.url.split(","):
             parts = urlsplit(server.strip())
             if parts.scheme not in _VALID_SCHEMES or not parts.hostname:
-                raise BrokerError(f"nats: bad URL {server!r}", permanent=True)
+                raise BrokerError(
+                    "nats: bad URL (expected nats://host:port or tls://host:port)", permanent=True
+                )
             try:
                 parts.port  # noqa: B018 - raises ValueError on a malformed port
             except ValueError:
-                raise BrokerError(f"nats: bad port in URL {server!r}", permanent=True) from None
+                raise BrokerError("nats: bad port in the URL", permanent=True) from None
 
     async def _connect(self) -> NATS:
         self._check_url()

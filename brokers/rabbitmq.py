@@ -96,17 +96,27 @@ class RabbitMQAdapter(BrokerAdapter):
         management_url: str | None = None,
         timeout: float = 5.0,
         max_pages: int = 100,
+        credential_hosts: Sequence[str] = (),
     ) -> None:
-        super().__init__(url, management_url=management_url, timeout=timeout, max_pages=max_pages)
+        super().__init__(
+            url,
+            management_url=management_url,
+            timeout=timeout,
+            max_pages=max_pages,
+            credential_hosts=credential_hosts,
+        )
         parts = urllib.parse.urlsplit(url)
         if parts.scheme not in ("amqp", "amqps") or not parts.hostname:
-            raise BrokerError(f"not an AMQP URL: {_redact(url)}", permanent=True)
+            raise BrokerError(
+                "not an AMQP URL (expected amqp://user:password@host:port/vhost)", permanent=True
+            )
         self.vhost = urllib.parse.unquote(parts.path[1:]) if len(parts.path) > 1 else "/"
         self._amqp_user = urllib.parse.unquote(parts.username or "guest")
         self._amqp_password = urllib.parse.unquote(parts.password or "guest")
+        self._amqp_host = parts.hostname.lower()
         self._prometheus_urls: list[str] = []
         self._api_base: str | None = None
-        self._http_auth: tuple[str, str] = (self._amqp_user, self._amqp_password)
+        self._http_auth: tuple[str, str] | None = (self._amqp_user, self._amqp_password)
         if self.management_url:
             self._configure_http(self.management_url)
 
@@ -138,7 +148,8 @@ class RabbitMQAdapter(BrokerAdapter):
         try:
             params = pika.URLParameters(self.url)
         except Exception as exc:  # pika raises assorted types for a bad URL
-            raise BrokerError(f"bad AMQP URL: {exc}", permanent=True) from exc
+            # pika's messages may quote the URL: name the problem's type only.
+            raise BrokerError(f"bad AMQP URL ({type(exc).__name__})", permanent=True) from None
         params.socket_timeout = self.timeout
         params.stack_timeout = self.timeout
         params.blocked_connection_timeout = self.timeout
@@ -154,8 +165,23 @@ class RabbitMQAdapter(BrokerAdapter):
         except Exception as exc:
             raise _amqp_error(exc, "connect") from exc
 
+    def _may_receive_credentials(self, url: str) -> bool:
+        """The broker's own host, or one the operator listed (``credential_hosts``)."""
+        host = (urllib.parse.urlsplit(url).hostname or "").lower()
+        return host == self._amqp_host or host in self.credential_hosts
+
     def _http(self) -> httpx.Client:
-        return httpx.Client(timeout=self.timeout, auth=self._http_auth, trust_env=False)
+        """An HTTP client for the management/metrics URLs. The AMQP credentials ride along
+        only when every URL it will call is on the broker's own host or an allowed one: a
+        management URL naming another host must not collect them. Redirects are not
+        followed, so they cannot carry the credentials elsewhere either."""
+        targets = self._prometheus_urls or ([self._api_base] if self._api_base else [])
+        auth = self._http_auth
+        if auth is not None and not all(self._may_receive_credentials(u) for u in targets):
+            auth = None
+        return httpx.Client(
+            timeout=self.timeout, auth=auth, trust_env=False, follow_redirects=False
+        )
 
     # -- ping ----------------------------------------------------------------------------
 
@@ -766,7 +792,20 @@ def _http_get(
     except httpx.HTTPError as exc:
         raise BrokerError(f"GET {_redact(url)}: {type(exc).__name__}: {exc}") from exc
     if response.status_code in (401, 403):
-        raise BrokerError(f"GET {_redact(url)}: HTTP {response.status_code}", permanent=True)
+        hint = (
+            " (no credentials sent: they go only to the broker's own host unless the operator"
+            " lists this one in DLO_BROKER_CREDENTIAL_HOSTS)"
+            if client.auth is None
+            else ""
+        )
+        raise BrokerError(f"GET {_redact(url)}: HTTP {response.status_code}{hint}", permanent=True)
+    if response.is_redirect:
+        # Not followed: a redirect could take the credentials to another host.
+        raise BrokerError(
+            f"GET {_redact(url)}: HTTP {response.status_code} redirect, not followed; give the "
+            "final URL",
+            permanent=True,
+        )
     if response.status_code == 404:
         raise BrokerError(f"GET {_redact(url)}: not found (unknown vhost?)", permanent=True)
     if response.status_code >= 400:

@@ -225,7 +225,11 @@ class RedisStreamsAdapter(BrokerAdapter):
                 retry_on_timeout=False,
             )
         except (ValueError, TypeError) as exc:
-            raise BrokerError(f"redis: bad URL: {exc}", permanent=True) from None
+            # redis-py's messages may quote parts of the URL: name the problem's type only.
+            raise BrokerError(
+                f"redis: bad URL ({type(exc).__name__}; expected redis://[:password@]host:port/db)",
+                permanent=True,
+            ) from None
 
     def ping(self) -> None:
         client = self._client()

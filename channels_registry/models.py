@@ -34,6 +34,34 @@ class BrokerConfigError(Exception):
     """A broker declaration that cannot be turned into a connection (shown to the user)."""
 
 
+URL_ENV_PREFIX = "DLO_BROKER_"
+# Settings that share the prefix but hold no URL.
+_NOT_URL_ENV = {"DLO_BROKER_TIMEOUT_S", "DLO_BROKER_URL_ENV_ALLOW", "DLO_BROKER_CREDENTIAL_HOSTS"}
+
+
+def url_env_allowed(name: str) -> bool:
+    """May a Broker take its URL from the environment variable ``name``? Only names starting
+    with ``DLO_BROKER_`` or listed in ``DLO_BROKER_URL_ENV_ALLOW``: a registry admin must not
+    be able to point a broker at ``SECRET_KEY`` and read it back from an error message."""
+    from django.conf import settings
+
+    if name in settings.DLO_BROKER_URL_ENV_ALLOW:
+        return True
+    return (
+        name.startswith(URL_ENV_PREFIX)
+        and len(name) > len(URL_ENV_PREFIX)
+        and (name not in _NOT_URL_ENV)
+    )
+
+
+def url_env_refusal(name: str) -> str:
+    return (
+        f"{name} is not a broker URL variable: name one starting with {URL_ENV_PREFIX} "
+        f"(e.g. {URL_ENV_PREFIX}RABBITMQ_URL), or ask the operator to list it in "
+        "DLO_BROKER_URL_ENV_ALLOW."
+    )
+
+
 def _split_url(url: str) -> SplitResult | None:
     """``urlsplit``, or None for text it refuses (an unclosed IPv6 bracket, a bad port)."""
     try:
@@ -72,7 +100,8 @@ class Broker(models.Model):
         max_length=100,
         blank=True,
         help_text="Name of the environment variable holding the connection URL, e.g. "
-        "RABBITMQ_URL. Preferred over a stored secret.",
+        "DLO_BROKER_RABBITMQ_URL (names start with DLO_BROKER_ unless the operator allows "
+        "others). Preferred over a stored secret.",
     )
     url_secret = models.CharField(
         "stored connection URL",
@@ -106,8 +135,14 @@ class Broker(models.Model):
         errors: dict[str, str] = {}
         if not self.url_env and not self.url_secret:
             errors["url_env"] = "Name an environment variable holding the URL, or store one."
-        if self.url_env and not self.url_env.replace("_", "").isalnum():
-            errors["url_env"] = "Use letters, digits and underscores only, e.g. RABBITMQ_URL."
+        if self.url_env and not (
+            self.url_env.isascii() and self.url_env.replace("_", "").isalnum()
+        ):
+            errors["url_env"] = (
+                "Use letters, digits and underscores only, e.g. DLO_BROKER_RABBITMQ_URL."
+            )
+        elif self.url_env and not url_env_allowed(self.url_env):
+            errors["url_env"] = url_env_refusal(self.url_env)
         secret_parts = _split_url(self.url_secret) if self.url_secret else None
         if self.url_secret and secret_parts is None:
             errors["url_secret"] = "This is not a valid URL."
@@ -141,6 +176,8 @@ class Broker(models.Model):
     def connection_url(self) -> str:
         """The URL to connect with. Raises ``BrokerConfigError`` if it cannot be resolved."""
         if self.url_env:
+            if not url_env_allowed(self.url_env):  # declared before the rule, or by hand
+                raise BrokerConfigError(url_env_refusal(self.url_env))
             value = os.environ.get(self.url_env, "")
             if not value:
                 raise BrokerConfigError(
@@ -150,6 +187,16 @@ class Broker(models.Model):
         if self.url_secret:
             return self.url_secret
         raise BrokerConfigError("No connection URL is configured.")
+
+    def adapter_options(self) -> dict[str, Any]:
+        """The adapter's keyword arguments besides the URL (``brokers.get_adapter``)."""
+        from django.conf import settings
+
+        return {
+            "management_url": self.management_url or None,
+            "timeout": float(settings.DLO_BROKER_TIMEOUT_S),
+            "credential_hosts": tuple(settings.DLO_BROKER_CREDENTIAL_HOSTS),
+        }
 
     @property
     def stale_after_s(self) -> float:

@@ -29,6 +29,7 @@ import logging
 import random
 import secrets
 import time
+import traceback
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -38,7 +39,7 @@ from django.db.models import F, Q
 from django.utils import timezone
 
 from brokers import get_adapter
-from brokers.base import Address, BrokerError, ChannelStats, PollResult, Topology
+from brokers.base import Address, BrokerError, ChannelStats, PollResult, Topology, scrub
 from channels_registry import health, observed
 from channels_registry.models import (
     Broker,
@@ -228,13 +229,10 @@ def _begin(broker_id: int, *, force: bool) -> _Poll | PollOutcome:
 def _call_broker(poll: _Poll) -> _Poll:
     """Step 2 (network only, no database: safe on a worker thread): poll, maybe inspect."""
     broker = poll.broker
+    url = ""
     try:
-        adapter = get_adapter(
-            broker.kind,
-            broker.connection_url(),
-            management_url=broker.management_url or None,
-            timeout=float(settings.DLO_BROKER_TIMEOUT_S),
-        )
+        url = broker.connection_url()
+        adapter = get_adapter(broker.kind, url, **broker.adapter_options())
         wanted = sorted({a for ca in poll.addresses.values() for a in ca.all()})
         poll.result = adapter.poll(wanted) if wanted else PollResult({}, 0, 0.0)
         poll.errors.extend(poll.result.errors)
@@ -246,8 +244,12 @@ def _call_broker(poll: _Poll) -> _Poll:
     except (BrokerConfigError, BrokerError) as exc:
         poll.error = str(exc)
     except Exception as exc:  # an adapter bug must not leave channels looking healthy
-        log.exception("poll of broker %s failed unexpectedly", broker.name)
+        trace = "".join(traceback.format_exception(exc))
+        log.error("poll of broker %s failed unexpectedly: %s", broker.name, scrub(trace, url))
         poll.error = f"{type(exc).__name__}: {exc}"
+    # Stored on the health rows, shown on the board, sent in alerts: never the URL's secrets.
+    poll.error = scrub(poll.error, url) if poll.error else poll.error
+    poll.errors = [scrub(error, url) for error in poll.errors]
     return poll
 
 

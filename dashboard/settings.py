@@ -246,6 +246,12 @@ DLO_INSTALLATION_ID = env_str("DLO_INSTALLATION_ID", "")
 # after an ingester crash) and how many may be outstanding at once.
 DLO_NATS_DRAIN_ACK_WAIT_S = env_int("DLO_NATS_DRAIN_ACK_WAIT_S", 30)
 DLO_NATS_DRAIN_MAX_ACK_PENDING = env_int("DLO_NATS_DRAIN_MAX_ACK_PENDING", 20_000)
+# A Broker declaration takes its URL only from a variable named DLO_BROKER_… or listed here:
+# never from SECRET_KEY, DATABASE_URL or anything else of this server's environment.
+DLO_BROKER_URL_ENV_ALLOW = env_list("DLO_BROKER_URL_ENV_ALLOW", "")
+# A broker's credentials go to its own host only, unless another host is listed here (the
+# management API or metrics endpoint of another node of the cluster).
+DLO_BROKER_CREDENTIAL_HOSTS = env_list("DLO_BROKER_CREDENTIAL_HOSTS", "")
 # Brokers polled at the same time (threads per poll cycle), so a hung one delays no other.
 DLO_POLL_CONCURRENCY = env_int("DLO_POLL_CONCURRENCY", 8)
 # Raw poll samples are kept this long; 1-minute rollups (for charts) this many days.
@@ -271,6 +277,9 @@ DLO_FOUR_EYES_THRESHOLD = env_int("DLO_FOUR_EYES_THRESHOLD", 1000)
 METRICS_ALLOWED_NETWORKS = env_list("METRICS_ALLOWED_NETWORKS", "127.0.0.1/32,::1/128")
 DLO_ALERT_GROUP_WAIT_S = env_int("DLO_ALERT_GROUP_WAIT_S", 30)
 DLO_BASE_URL = env_str("DLO_BASE_URL", "")
+# Webhooks reach public addresses only; these networks (CIDR) or host names are allowed too,
+# e.g. an internal chat relay. Loopback, link-local (cloud metadata) and private otherwise fail.
+DLO_WEBHOOK_ALLOW = env_list("DLO_WEBHOOK_ALLOW", "")
 
 # The JSON API (/api/): bearer tokens for scripts, the session (with CSRF) for the browser;
 # JSON in and out only (no browsable API: its pages need inline script the CSP forbids).

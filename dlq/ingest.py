@@ -108,12 +108,7 @@ class IngestResult:
 
 def adapter_for(channel: Channel) -> BrokerAdapter:
     broker = channel.broker
-    adapter = get_adapter(
-        broker.kind,
-        broker.connection_url(),
-        management_url=broker.management_url or None,
-        timeout=settings.DLO_BROKER_TIMEOUT_S,
-    )
+    adapter = get_adapter(broker.kind, broker.connection_url(), **broker.adapter_options())
     adapter.installation_id = installation_id()
     if isinstance(adapter, NatsJetStreamAdapter):
         adapter.drain_ack_wait_s = float(settings.DLO_NATS_DRAIN_ACK_WAIT_S)

@@ -116,7 +116,7 @@ def make_broker(**overrides: Any) -> Broker:
     fields: dict[str, Any] = {
         "name": "main-rabbit",
         "kind": BrokerKind.RABBITMQ,
-        "url_env": "RABBITMQ_URL",
+        "url_env": "DLO_BROKER_RABBITMQ_URL",
     }
     fields.update(overrides)
     return Broker.objects.create(**fields)

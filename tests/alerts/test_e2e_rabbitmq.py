@@ -84,8 +84,8 @@ def test_dead_letters_page_once_resolve_once_and_a_down_receiver_fails_visibly(
 ) -> None:
     amqp, main, dlq = queues
     settings.DLO_ALERT_GROUP_WAIT_S = 0  # send right after the evaluation commits
-    monkeypatch.setenv("DLO_TEST_RABBIT_URL", RABBIT_URL)
-    broker = make_broker(name="rabbit", url_env="DLO_TEST_RABBIT_URL")
+    monkeypatch.setenv("DLO_BROKER_TEST_RABBIT_URL", RABBIT_URL)
+    broker = make_broker(name="rabbit", url_env="DLO_BROKER_TEST_RABBIT_URL")
     channel = make_channel(
         broker,
         address=main,

@@ -100,7 +100,7 @@ def test_server_error_retries_with_backoff_then_sends_once(receiver: Receiver) -
     ]
 
 
-def test_receiver_down_spends_the_retry_budget_then_fails_visibly() -> None:
+def test_receiver_down_spends_the_retry_budget_then_fails_visibly(loopback_webhooks: None) -> None:
     stopped_channels(1)
     webhook(closed_port_url())
     do_evaluate_alerts(at(0))

@@ -128,7 +128,7 @@ def test_channel_declared_in_admin_gets_findings_and_audit(registry_admin: User)
 
 
 def test_channel_field_errors_are_clear(registry_admin: User) -> None:
-    broker = make_broker(kind="redis", url_env="REDIS_URL")
+    broker = make_broker(kind="redis", url_env="DLO_BROKER_REDIS_URL")
     response = client_for(registry_admin).post(
         "/admin/channels_registry/channel/add/",
         channel_post(
@@ -166,7 +166,9 @@ def test_viewer_cannot_use_the_admin(viewer: User) -> None:
 
 def test_management_url_is_for_rabbitmq_and_nats_only() -> None:
     def errors(kind: str, management_url: str) -> dict[str, list[str]]:
-        broker = Broker(name="b", kind=kind, url_env="X_URL", management_url=management_url)
+        broker = Broker(
+            name="b", kind=kind, url_env="DLO_BROKER_X_URL", management_url=management_url
+        )
         try:
             broker.clean()
         except ValidationError as exc:

@@ -67,8 +67,10 @@ def _queue(amqp: Any, **arguments: Any) -> str:
 
 @pytest.fixture
 def rabbit(monkeypatch: pytest.MonkeyPatch, amqp: Any) -> Any:
-    monkeypatch.setenv("DLO_TEST_RABBIT_URL", RABBIT_URL)
-    return make_broker(name="rabbit", kind=BrokerKind.RABBITMQ, url_env="DLO_TEST_RABBIT_URL")
+    monkeypatch.setenv("DLO_BROKER_TEST_RABBIT_URL", RABBIT_URL)
+    return make_broker(
+        name="rabbit", kind=BrokerKind.RABBITMQ, url_env="DLO_BROKER_TEST_RABBIT_URL"
+    )
 
 
 # --- item 2: a declared dead-letter address the broker does not have -----------------------
@@ -270,8 +272,8 @@ def redis_stream(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[redis.Redis,
     except Exception as exc:
         broker_required("Redis", exc)
     stream = _name("dlo-contract-stream")
-    monkeypatch.setenv("DLO_TEST_REDIS_URL", url)
-    broker = make_broker(name="redis", kind=BrokerKind.REDIS, url_env="DLO_TEST_REDIS_URL")
+    monkeypatch.setenv("DLO_BROKER_TEST_REDIS_URL", url)
+    broker = make_broker(name="redis", kind=BrokerKind.REDIS, url_env="DLO_BROKER_TEST_REDIS_URL")
     yield client, stream, broker
     client.delete(stream, f"{stream}.dlq", f"{stream}.poison")
     client.close()

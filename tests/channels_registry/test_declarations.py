@@ -21,7 +21,7 @@ version: 1
 brokers:
   - name: main-rabbit
     kind: rabbitmq
-    url_env: RABBITMQ_URL
+    url_env: DLO_BROKER_RABBITMQ_URL
     management_url: http://127.0.0.1:15672
 channels:
   - slug: orders
@@ -144,7 +144,7 @@ def test_unknown_broker_and_yaml_syntax_errors(
 
 
 def test_secrets_are_refused_in_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    text = GOOD_FILE.replace("url_env: RABBITMQ_URL", "url_secret: amqp://u:p@h/")
+    text = GOOD_FILE.replace("url_env: DLO_BROKER_RABBITMQ_URL", "url_secret: amqp://u:p@h/")
     with pytest.raises(CommandError):
         call_command("registry", "import", write(tmp_path, text))
     assert "url_secret is not accepted in files" in capsys.readouterr().err

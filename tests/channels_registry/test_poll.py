@@ -75,8 +75,10 @@ def _queue(channel: Any, depth: int, **arguments: Any) -> str:
 
 @pytest.fixture
 def rabbit_broker(monkeypatch: pytest.MonkeyPatch, amqp: Any) -> Any:
-    monkeypatch.setenv("DLO_TEST_RABBIT_URL", RABBIT_URL)
-    return make_broker(name="rabbit", kind=BrokerKind.RABBITMQ, url_env="DLO_TEST_RABBIT_URL")
+    monkeypatch.setenv("DLO_BROKER_TEST_RABBIT_URL", RABBIT_URL)
+    return make_broker(
+        name="rabbit", kind=BrokerKind.RABBITMQ, url_env="DLO_BROKER_TEST_RABBIT_URL"
+    )
 
 
 def test_rabbitmq_poll_samples_exact_depths_and_stopped(amqp: Any, rabbit_broker: Any) -> None:
@@ -187,8 +189,8 @@ def test_rabbitmq_quorum_topology_findings(amqp: Any, rabbit_broker: Any) -> Non
 def test_wrong_port_is_stale_never_ok_and_the_board_still_renders(
     monkeypatch: pytest.MonkeyPatch, viewer: Any
 ) -> None:
-    monkeypatch.setenv("DLO_TEST_DEAD_RABBIT", "amqp://guest:guest@127.0.0.1:1/%2F")
-    broker = make_broker(name="down", url_env="DLO_TEST_DEAD_RABBIT")
+    monkeypatch.setenv("DLO_BROKER_TEST_DEAD_RABBIT", "amqp://guest:guest@127.0.0.1:1/%2F")
+    broker = make_broker(name="down", url_env="DLO_BROKER_TEST_DEAD_RABBIT")
     channel = make_channel(broker, address="orders")
     ChannelHealth.objects.create(channel=channel, state=HealthState.OK, updated_at=timezone.now())
 
@@ -209,20 +211,20 @@ def test_wrong_port_is_stale_never_ok_and_the_board_still_renders(
 
 
 def test_unset_url_env_is_stale_with_the_reason(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("DLO_TEST_UNSET_URL", raising=False)
-    broker = make_broker(name="unset", url_env="DLO_TEST_UNSET_URL")
+    monkeypatch.delenv("DLO_BROKER_TEST_UNSET_URL", raising=False)
+    broker = make_broker(name="unset", url_env="DLO_BROKER_TEST_UNSET_URL")
     channel = make_channel(broker)
     assert do_poll_broker(broker.pk).status == "failed"
     health = ChannelHealth.objects.get(channel=channel)
     assert health.state == HealthState.STALE
-    assert "DLO_TEST_UNSET_URL is not set" in health.evidence[0]
+    assert "DLO_BROKER_TEST_UNSET_URL is not set" in health.evidence[0]
 
 
 def test_circuit_opens_after_repeated_failures_and_scheduler_skips(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.delenv("DLO_TEST_UNSET_URL", raising=False)
-    broker = make_broker(name="unset", url_env="DLO_TEST_UNSET_URL")
+    monkeypatch.delenv("DLO_BROKER_TEST_UNSET_URL", raising=False)
+    broker = make_broker(name="unset", url_env="DLO_BROKER_TEST_UNSET_URL")
     make_channel(broker)
     for _ in range(3):
         assert do_poll_broker(broker.pk, force=True).status == "failed"
@@ -304,9 +306,9 @@ def test_poll_command_prints_summary_and_fails_when_every_broker_fails(
     assert "rabbit: ok, 1 channel(s)" in out
     assert "total: 1 broker(s), 1 channel(s)" in out and "0 failed" in out
 
-    rabbit_broker.url_env = "DLO_TEST_UNSET_URL"
+    rabbit_broker.url_env = "DLO_BROKER_TEST_UNSET_URL"
     rabbit_broker.save()
-    monkeypatch.delenv("DLO_TEST_UNSET_URL", raising=False)
+    monkeypatch.delenv("DLO_BROKER_TEST_UNSET_URL", raising=False)
     with pytest.raises(CommandError, match="every broker failed"):
         call_command("poll", "--once")
     assert "rabbit: failed" in capsys.readouterr().out
@@ -324,7 +326,7 @@ def redis_client(monkeypatch: pytest.MonkeyPatch) -> Iterator[redis.Redis]:
         broker_required("Redis", exc)
     keys: list[str] = []
     client.created = keys  # type: ignore[attr-defined]
-    monkeypatch.setenv("DLO_TEST_REDIS_URL", REDIS_URL)
+    monkeypatch.setenv("DLO_BROKER_TEST_REDIS_URL", REDIS_URL)
     yield client
     if keys:
         client.delete(*keys)
@@ -340,7 +342,7 @@ def test_redis_poll_samples_lag_pending_and_dlq(redis_client: redis.Redis) -> No
     redis_client.xreadgroup("workers", "c1", {stream: ">"}, count=2)
     for i in range(4):
         redis_client.xadd(dlq, {"body": f"dead {i}", "reason": "boom"})
-    broker = make_broker(name="redis", kind=BrokerKind.REDIS, url_env="DLO_TEST_REDIS_URL")
+    broker = make_broker(name="redis", kind=BrokerKind.REDIS, url_env="DLO_BROKER_TEST_REDIS_URL")
     channel = make_channel(
         broker, address=stream, address_group="workers", dlq_address=dlq, poison_address=""
     )
@@ -385,7 +387,7 @@ def nats_stream(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     except Exception as exc:
         broker_required("NATS JetStream", exc)
     name = "DLOPOLL_" + uuid.uuid4().hex[:10]
-    monkeypatch.setenv("DLO_TEST_NATS_URL", NATS_URL)
+    monkeypatch.setenv("DLO_BROKER_TEST_NATS_URL", NATS_URL)
     yield name
 
     async def cleanup(js: Any) -> None:
@@ -416,7 +418,7 @@ def test_nats_poll_samples_pending_and_ack_pending(nats_stream: str) -> None:
         await sub.fetch(2, timeout=2)
 
     _nats(setup)
-    broker = make_broker(name="nats", kind=BrokerKind.NATS, url_env="DLO_TEST_NATS_URL")
+    broker = make_broker(name="nats", kind=BrokerKind.NATS, url_env="DLO_BROKER_TEST_NATS_URL")
     channel = make_channel(
         broker,
         address=nats_stream,
@@ -449,8 +451,8 @@ def test_sample_rollup_and_health_row_keep_the_same_measurements(
     from brokers.base import Address, ChannelStats, PollResult
     from channels_registry import polling
 
-    monkeypatch.setenv("DLO_TEST_FAKE_URL", RABBIT_URL)
-    broker = make_broker(name="fake", url_env="DLO_TEST_FAKE_URL")
+    monkeypatch.setenv("DLO_BROKER_TEST_FAKE_URL", RABBIT_URL)
+    broker = make_broker(name="fake", url_env="DLO_BROKER_TEST_FAKE_URL")
     channel = make_channel(broker, address="orders", dlq_address="orders.dlq", poison_address="")
     stats = {
         Address("orders"): ChannelStats(

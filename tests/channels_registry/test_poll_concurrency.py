@@ -67,11 +67,13 @@ def brokers(
     stream = f"dlo-hung-{uuid.uuid4().hex[:8]}"
     client.xadd(stream, {"body": b"x"})
     client.xgroup_create(stream, "g", id="0")
-    monkeypatch.setenv("DLO_TEST_HUNG_URL", hung_endpoint)
-    monkeypatch.setenv("DLO_TEST_HEALTHY_URL", REDIS_URL)
+    monkeypatch.setenv("DLO_BROKER_TEST_HUNG_URL", hung_endpoint)
+    monkeypatch.setenv("DLO_BROKER_TEST_HEALTHY_URL", REDIS_URL)
     # "a-hung" sorts first: a sequential poll would wait out its timeout before the other.
-    hung = make_broker(name="a-hung", kind=BrokerKind.REDIS, url_env="DLO_TEST_HUNG_URL")
-    healthy = make_broker(name="b-healthy", kind=BrokerKind.REDIS, url_env="DLO_TEST_HEALTHY_URL")
+    hung = make_broker(name="a-hung", kind=BrokerKind.REDIS, url_env="DLO_BROKER_TEST_HUNG_URL")
+    healthy = make_broker(
+        name="b-healthy", kind=BrokerKind.REDIS, url_env="DLO_BROKER_TEST_HEALTHY_URL"
+    )
     make_channel(hung, slug="hung", address="hung", address_group="g", **NO_DLQ)
     make_channel(healthy, slug="ok", address=stream, address_group="g", **NO_DLQ)
     yield [hung.name, healthy.name]

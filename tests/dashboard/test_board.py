@@ -119,7 +119,7 @@ def test_htmx_request_gets_the_board_partial_only(viewer: Any) -> None:
 
 def test_filters_by_team_broker_and_state_in_the_url(viewer: Any) -> None:
     rabbit = make_broker()
-    redis = make_broker(name="cache", kind="redis", url_env="REDIS_URL")
+    redis = make_broker(name="cache", kind="redis", url_env="DLO_BROKER_REDIS_URL")
     pay = make_channel(rabbit, slug="pay", name="Pay", address="pay", owner_team="payments")
     search = make_channel(
         redis, slug="search", name="Search", address="s", address_group="g", owner_team="search"

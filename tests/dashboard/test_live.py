@@ -133,8 +133,8 @@ def test_viewer_receives_the_row_partial_after_a_poll(monkeypatch: pytest.Monkey
     for i in range(4):
         client.xadd(stream, {"n": i})
     client.xgroup_create(stream, "workers", id="0")
-    monkeypatch.setenv("DLO_TEST_REDIS_URL", REDIS_URL)
-    broker = make_broker(name="redis", kind=BrokerKind.REDIS, url_env="DLO_TEST_REDIS_URL")
+    monkeypatch.setenv("DLO_BROKER_TEST_REDIS_URL", REDIS_URL)
+    broker = make_broker(name="redis", kind=BrokerKind.REDIS, url_env="DLO_BROKER_TEST_REDIS_URL")
     channel = make_channel(broker, address=stream, address_group="workers", dlq_address="")
     other = make_channel(
         broker,

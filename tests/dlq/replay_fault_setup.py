@@ -11,7 +11,9 @@ from dlq.models import DeadLetter
 
 
 def setup(queue: str, count: int) -> None:
-    broker = Broker.objects.create(name="fault", kind="rabbitmq", url_env="FAULT_RABBIT_URL")
+    broker = Broker.objects.create(
+        name="fault", kind="rabbitmq", url_env="DLO_BROKER_FAULT_RABBIT_URL"
+    )
     channel = Channel.objects.create(
         broker=broker, name="Fault", slug="fault", address=queue, dlq_address=f"{queue}.dlq",
         semantic="at-least-once", idempotency_source="header", idempotency_key="Idempotency-Key",

@@ -57,7 +57,7 @@ def fault_env() -> Iterator[dict[str, Any]]:
         **os.environ,
         "DATABASE_URL": PG.rsplit("/", 1)[0] + "/" + db,
         "DATABASE_CONN_MAX_AGE": "0",
-        "FAULT_RABBIT_URL": AMQP_URL,
+        "DLO_BROKER_FAULT_RABBIT_URL": AMQP_URL,
         "DJANGO_SETTINGS_MODULE": "dashboard.settings",
     }
     env.pop("DLO_TEST_CRASH_AFTER_COMMIT", None)
@@ -65,7 +65,8 @@ def fault_env() -> Iterator[dict[str, Any]]:
     subprocess.run([*manage, "migrate", "-v0"], env=env, cwd=ROOT, check=True)
     setup = (
         "from channels_registry.models import Broker, Channel;"
-        "b = Broker.objects.create(name='fault', kind='rabbitmq', url_env='FAULT_RABBIT_URL');"
+        "b = Broker.objects.create(name='fault', kind='rabbitmq',"
+        " url_env='DLO_BROKER_FAULT_RABBIT_URL');"
         "Channel.objects.create(broker=b, name='Fault', slug='fault', address='fault.main',"
         f" dlq_address='{queue}', semantic='at-least-once', idempotency_source='message-id')"
     )

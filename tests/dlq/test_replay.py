@@ -520,17 +520,20 @@ def test_non_ascii_digits_in_ids_and_versions_are_ignored_not_a_crash(oncall: Us
 def test_a_broker_url_variable_unset_on_the_worker_pauses_the_plan_with_the_reason(
     oncall: User, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.delenv("RABBITMQ_URL", raising=False)
+    monkeypatch.delenv("DLO_BROKER_RABBITMQ_URL", raising=False)
     entries = _entries(2)
     plan = plan_for(entries, oncall)
     result = relay.run_plan(plan.pk)  # no exception: a task would only retry the same failure
     plan.refresh_from_db()
     assert result.status == plan.status == PlanStatus.PAUSED and not result.more
-    assert "RABBITMQ_URL" in plan.status_note
+    assert "DLO_BROKER_RABBITMQ_URL" in plan.status_note
     assert set(DeadLetter.objects.values_list("status", flat=True)) == {Status.REPLAYING}
     event = AuditEvent.objects.get(action="dlq.replay.pause")
-    assert "RABBITMQ_URL" in event.reason and event.outcome == "failed"
-    assert "RABBITMQ_URL" in client_for(oncall).get(plan.get_absolute_url()).content.decode()
+    assert "DLO_BROKER_RABBITMQ_URL" in event.reason and event.outcome == "failed"
+    assert (
+        "DLO_BROKER_RABBITMQ_URL"
+        in client_for(oncall).get(plan.get_absolute_url()).content.decode()
+    )
     assert relay.orphaned_plans() == []
 
 

@@ -35,7 +35,7 @@ def rabbit(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[pika.BlockingConne
         connection = pika.BlockingConnection(pika.URLParameters(AMQP_URL))
     except pika.exceptions.AMQPError as exc:
         broker_required("RabbitMQ", exc)
-    monkeypatch.setenv("DLO_TEST_REPLAY_AMQP", AMQP_URL)
+    monkeypatch.setenv("DLO_BROKER_TEST_REPLAY_AMQP", AMQP_URL)
     queue = f"dlo-replay-{uuid.uuid4().hex[:8]}"
     ch = connection.channel()
     ch.queue_declare(queue, durable=True)
@@ -49,7 +49,7 @@ def rabbit(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[pika.BlockingConne
 
 
 def _rabbit_channel(queue: str) -> Any:
-    broker = make_broker(name="rabbit", url_env="DLO_TEST_REPLAY_AMQP")
+    broker = make_broker(name="rabbit", url_env="DLO_BROKER_TEST_REPLAY_AMQP")
     return make_channel(broker, slug="orders", address=queue, dlq_address=f"{queue}.dlq")
 
 
@@ -130,8 +130,10 @@ def test_redis_replay_xadds_to_the_declared_stream(oncall: User, monkeypatch: An
     except redis.RedisError as exc:
         broker_required("Redis", exc)
     stream = f"dlo-replay-{uuid.uuid4().hex[:8]}"
-    monkeypatch.setenv("DLO_TEST_REPLAY_REDIS", REDIS_URL)
-    broker = make_broker(name="redis", kind=BrokerKind.REDIS, url_env="DLO_TEST_REPLAY_REDIS")
+    monkeypatch.setenv("DLO_BROKER_TEST_REPLAY_REDIS", REDIS_URL)
+    broker = make_broker(
+        name="redis", kind=BrokerKind.REDIS, url_env="DLO_BROKER_TEST_REPLAY_REDIS"
+    )
     channel = make_channel(broker, slug="orders", address=stream, address_group="workers",
                            dlq_address=f"{stream}.dlq")  # fmt: skip
     try:
@@ -169,8 +171,8 @@ def test_nats_replay_publishes_to_the_stored_subject_with_a_msg_id(
         asyncio.run(setup())
     except Exception as exc:
         broker_required("NATS", exc)
-    monkeypatch.setenv("DLO_TEST_REPLAY_NATS", NATS_URL)
-    broker = make_broker(name="nats", kind=BrokerKind.NATS, url_env="DLO_TEST_REPLAY_NATS")
+    monkeypatch.setenv("DLO_BROKER_TEST_REPLAY_NATS", NATS_URL)
+    broker = make_broker(name="nats", kind=BrokerKind.NATS, url_env="DLO_BROKER_TEST_REPLAY_NATS")
     channel = make_channel(broker, slug="orders", address=stream, address_group="workers",
                            dlq_address="advisories")  # fmt: skip
     entries = store(
@@ -212,7 +214,7 @@ def test_nats_replay_publishes_to_the_stored_subject_with_a_msg_id(
 def test_a_broker_that_is_down_pauses_the_plan_and_spends_no_attempt(
     oncall: User, monkeypatch: Any
 ) -> None:
-    monkeypatch.setenv("DLO_TEST_REPLAY_AMQP", "amqp://guest:guest@127.0.0.1:1/%2F")
+    monkeypatch.setenv("DLO_BROKER_TEST_REPLAY_AMQP", "amqp://guest:guest@127.0.0.1:1/%2F")
     monkeypatch.setattr(relay, "backoff", lambda attempt: 30.0)
     channel = _rabbit_channel("nowhere")
     entries = store(channel, letter())

@@ -60,7 +60,7 @@ def fault() -> Iterator[dict[str, Any]]:
         **os.environ,
         "DATABASE_URL": PG.rsplit("/", 1)[0] + "/" + db,
         "DATABASE_CONN_MAX_AGE": "0",
-        "FAULT_RABBIT_URL": AMQP_URL,
+        "DLO_BROKER_FAULT_RABBIT_URL": AMQP_URL,
         "DJANGO_SETTINGS_MODULE": "dashboard.settings",
         "DLO_REPLAY_LEASE_S": "1",
         "DLO_FOUR_EYES_THRESHOLD": str(COUNT),  # the plan runs without a second person

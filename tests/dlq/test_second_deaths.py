@@ -74,8 +74,8 @@ class RabbitRig(Rig):
                 "x-dead-letter-routing-key": f"{self.queue}.dlq",
             },
         )
-        monkeypatch.setenv("DLO_TEST_DEATH_AMQP", AMQP_URL)
-        broker = make_broker(name="rabbit", url_env="DLO_TEST_DEATH_AMQP")
+        monkeypatch.setenv("DLO_BROKER_TEST_DEATH_AMQP", AMQP_URL)
+        broker = make_broker(name="rabbit", url_env="DLO_BROKER_TEST_DEATH_AMQP")
         self.channel = make_channel(
             broker,
             slug="orders",
@@ -125,8 +125,10 @@ class RedisRig(Rig):
             broker_required("Redis", exc)
         self.stream = f"dlo-death-{uuid.uuid4().hex[:8]}"
         self.client.xgroup_create(self.stream, "workers", id="0", mkstream=True)
-        monkeypatch.setenv("DLO_TEST_DEATH_REDIS", REDIS_URL)
-        broker = make_broker(name="redis", kind=BrokerKind.REDIS, url_env="DLO_TEST_DEATH_REDIS")
+        monkeypatch.setenv("DLO_BROKER_TEST_DEATH_REDIS", REDIS_URL)
+        broker = make_broker(
+            name="redis", kind=BrokerKind.REDIS, url_env="DLO_BROKER_TEST_DEATH_REDIS"
+        )
         self.channel = make_channel(
             broker,
             slug="orders",
@@ -190,8 +192,10 @@ class NatsRig(Rig):
             _nats(setup)
         except Exception as exc:  # noqa: BLE001 - any failure means "not reachable"
             broker_required("NATS", exc)
-        monkeypatch.setenv("DLO_TEST_DEATH_NATS", NATS_URL)
-        broker = make_broker(name="nats", kind=BrokerKind.NATS, url_env="DLO_TEST_DEATH_NATS")
+        monkeypatch.setenv("DLO_BROKER_TEST_DEATH_NATS", NATS_URL)
+        broker = make_broker(
+            name="nats", kind=BrokerKind.NATS, url_env="DLO_BROKER_TEST_DEATH_NATS"
+        )
         self.channel = make_channel(
             broker,
             slug="orders",

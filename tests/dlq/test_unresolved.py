@@ -33,7 +33,7 @@ def queues(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     name = f"dlo-unresolved-{uuid.uuid4().hex[:10]}"
     amqp.queue_declare(name)
     amqp.queue_declare(f"{name}.dlq")
-    monkeypatch.setenv("DLO_TEST_RABBIT_URL", RABBIT_URL)
+    monkeypatch.setenv("DLO_BROKER_TEST_RABBIT_URL", RABBIT_URL)
     yield name
     for queue in (name, f"{name}.dlq"):
         with contextlib.suppress(Exception):
@@ -44,7 +44,9 @@ def queues(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
 def test_ingested_entries_awaiting_triage_flag_the_dlq_until_resolved(
     queues: str, viewer: User, oncall: User
 ) -> None:
-    broker = make_broker(name="rabbit", kind=BrokerKind.RABBITMQ, url_env="DLO_TEST_RABBIT_URL")
+    broker = make_broker(
+        name="rabbit", kind=BrokerKind.RABBITMQ, url_env="DLO_BROKER_TEST_RABBIT_URL"
+    )
     channel = make_channel(broker, address=queues, dlq_address=f"{queues}.dlq", alert_dlq_depth=3)
     entries = store(channel, *[letter() for _ in range(4)])
 
@@ -67,7 +69,9 @@ def test_ingested_entries_awaiting_triage_flag_the_dlq_until_resolved(
 
 
 def test_a_channel_without_dead_letter_addresses_counts_nothing(queues: str) -> None:
-    broker = make_broker(name="rabbit", kind=BrokerKind.RABBITMQ, url_env="DLO_TEST_RABBIT_URL")
+    broker = make_broker(
+        name="rabbit", kind=BrokerKind.RABBITMQ, url_env="DLO_BROKER_TEST_RABBIT_URL"
+    )
     channel: Any = make_channel(
         broker, address=queues, dlq_address="", poison_address="", dlq_strategies=[]
     )

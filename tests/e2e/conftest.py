@@ -274,7 +274,7 @@ AMQP_URL = "amqp://guest:guest@127.0.0.1:5672/%2F"
 @pytest.fixture
 def rabbit(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Any, str]]:
     """A RabbitMQ channel and a fresh queue ``name`` with its ``name.dlq``; the server process
-    resolves the broker URL from ``E2E_RABBITMQ_URL``."""
+    resolves the broker URL from ``DLO_BROKER_E2E_RABBITMQ_URL``."""
     import uuid
 
     import pika
@@ -285,7 +285,7 @@ def rabbit(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Any, str]]:
         connection = pika.BlockingConnection(pika.URLParameters(AMQP_URL + "?socket_timeout=3"))
     except Exception as exc:  # any connection failure means the broker is not there
         broker_required("RabbitMQ", exc)
-    monkeypatch.setenv("E2E_RABBITMQ_URL", AMQP_URL)
+    monkeypatch.setenv("DLO_BROKER_E2E_RABBITMQ_URL", AMQP_URL)
     amqp = connection.channel()
     name = f"e2e.{uuid.uuid4().hex[:8]}"
     amqp.queue_declare(name)

@@ -18,7 +18,7 @@ pytestmark = [pytest.mark.browser, pytest.mark.broker, pytest.mark.django_db(tra
 def live_channel(queue: str) -> Any:
     """An oncall user, a broker on the test's RabbitMQ and a channel on ``queue``, polled once."""
     browser_user("otto", "oncall")
-    broker = make_broker(name="live-rabbit", url_env="E2E_RABBITMQ_URL")
+    broker = make_broker(name="live-rabbit", url_env="DLO_BROKER_E2E_RABBITMQ_URL")
     channel = make_channel(
         broker,
         name="Live orders",

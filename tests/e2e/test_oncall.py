@@ -53,7 +53,7 @@ def _dead_letter(amqp: Any, queue: str, body: bytes, n: int) -> None:
 def test_oncall_triages_and_replays_a_failure_group(journey: Any, rabbit: tuple[Any, str]) -> None:
     amqp, queue = rabbit
     browser_user("otto", "oncall")
-    broker = make_broker(name="rabbit", url_env="E2E_RABBITMQ_URL")
+    broker = make_broker(name="rabbit", url_env="DLO_BROKER_E2E_RABBITMQ_URL")
     channel = make_channel(
         broker,
         address=queue,

@@ -19,7 +19,7 @@ version: 1
 brokers:
   - name: main-rabbit
     kind: rabbitmq
-    url_env: RABBITMQ_URL
+    url_env: DLO_BROKER_RABBITMQ_URL
 channels:
   - slug: refunds
     name: Refunds
