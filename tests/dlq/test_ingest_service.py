@@ -50,13 +50,13 @@ def test_two_ingest_workers_on_one_redis_channel_read_each_entry_once(proc_db: P
         pytest.skip(f"Redis not reachable: {exc}")
     stream = f"dlo-two-{uuid.uuid4().hex[:8]}"
     slug = f"two-{uuid.uuid4().hex[:6]}"
-    _redis_channel(proc_db, slug, stream, "DLO_TEST_TWO_REDIS")
+    _redis_channel(proc_db, slug, stream, "DLO_BROKER_TEST_TWO_REDIS")
     try:
         pipe = client.pipeline(transaction=False)
         for i in range(2000):
             pipe.xadd(f"{stream}.dlq", {"body": b'{"n": %d}' % i, "reason": b"failed"})
         pipe.execute()
-        env = {"DLO_TEST_TWO_REDIS": REDIS_URL}
+        env = {"DLO_BROKER_TEST_TWO_REDIS": REDIS_URL}
         workers = [
             proc_db.spawn("ingest", "--once", "--channel", slug, "--max-batches", "50", **env)
             for _ in range(2)
@@ -83,8 +83,8 @@ def test_long_running_ingest_and_poll_ride_out_database_and_broker_outages(
     client = redis.Redis.from_url(url, socket_timeout=5)
     stream, slug = "svc", f"svc-{uuid.uuid4().hex[:6]}"
     client.xgroup_create(stream, "workers", id="0", mkstream=True)
-    _redis_channel(proc_db, slug, stream, "DLO_TEST_SVC_REDIS")
-    env = {"DLO_TEST_SVC_REDIS": url, "DLO_BROKER_TIMEOUT_S": "2"}
+    _redis_channel(proc_db, slug, stream, "DLO_BROKER_TEST_SVC_REDIS")
+    env = {"DLO_BROKER_TEST_SVC_REDIS": url, "DLO_BROKER_TIMEOUT_S": "2"}
     logs = {"ingest": tmp_path / "ingest.log", "poll": tmp_path / "poll.log"}
     ingest = proc_db.spawn("ingest", log=logs["ingest"], **env)
     poll = proc_db.spawn("poll", log=logs["poll"], **env)

@@ -199,9 +199,11 @@ def test_redis_killed_mid_replay_pauses_the_plan_and_resumes(
     oncall: User, own_redis: OwnServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     url = f"redis://127.0.0.1:{own_redis.port}/0"
-    monkeypatch.setenv("DLO_TEST_OUTAGE_REDIS", url)
+    monkeypatch.setenv("DLO_BROKER_TEST_OUTAGE_REDIS", url)
     stream = f"dlo-outage-{uuid.uuid4().hex[:8]}"
-    broker = make_broker(name="own-redis", kind=BrokerKind.REDIS, url_env="DLO_TEST_OUTAGE_REDIS")
+    broker = make_broker(
+        name="own-redis", kind=BrokerKind.REDIS, url_env="DLO_BROKER_TEST_OUTAGE_REDIS"
+    )
     channel = make_channel(broker, slug="orders", address=stream, address_group="workers",
                            dlq_address=f"{stream}.dlq")  # fmt: skip
 
@@ -241,7 +243,7 @@ def test_nats_killed_mid_replay_pauses_the_plan_reconnects_and_resumes(
     import nats
 
     url = f"nats://127.0.0.1:{own_nats.port}"
-    monkeypatch.setenv("DLO_TEST_OUTAGE_NATS", url)
+    monkeypatch.setenv("DLO_BROKER_TEST_OUTAGE_NATS", url)
     stream = f"DLO_OUTAGE_{uuid.uuid4().hex[:8]}"
     subject = f"{stream.lower()}.orders"
 
@@ -259,7 +261,9 @@ def test_nats_killed_mid_replay_pauses_the_plan_reconnects_and_resumes(
         return int((await js.stream_info(stream)).state.messages)
 
     asyncio.run(with_js(add_stream))
-    broker = make_broker(name="own-nats", kind=BrokerKind.NATS, url_env="DLO_TEST_OUTAGE_NATS")
+    broker = make_broker(
+        name="own-nats", kind=BrokerKind.NATS, url_env="DLO_BROKER_TEST_OUTAGE_NATS"
+    )
     channel = make_channel(broker, slug="orders", address=stream, address_group="workers",
                            dlq_address="advisories")  # fmt: skip
     plan = _replay_through_outage(
@@ -291,7 +295,7 @@ def test_rabbitmq_cut_mid_replay_pauses_the_plan_and_resumes(
     proxy = FaultProxy((params.host, params.port))
     vhost = AMQP_URL.rsplit("/", 1)[1]
     monkeypatch.setenv(
-        "DLO_TEST_OUTAGE_AMQP",
+        "DLO_BROKER_TEST_OUTAGE_AMQP",
         f"amqp://{params.credentials.username}:{params.credentials.password}"
         f"@127.0.0.1:{proxy.port}/{vhost}",
     )
@@ -307,7 +311,7 @@ def test_rabbitmq_cut_mid_replay_pauses_the_plan_and_resumes(
             connection.close()
 
     try:
-        broker = make_broker(name="proxied-rabbit", url_env="DLO_TEST_OUTAGE_AMQP")
+        broker = make_broker(name="proxied-rabbit", url_env="DLO_BROKER_TEST_OUTAGE_AMQP")
         channel = make_channel(broker, slug="orders", address=queue, dlq_address=f"{queue}.dlq")
         plan = _replay_through_outage(
             oncall, channel,
