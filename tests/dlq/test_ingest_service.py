@@ -163,11 +163,12 @@ def test_nats_ingest_killed_mid_drain_recovers_everything_on_the_next_runs(
     proc_db.only_new_channels()
     proc_db.shell(
         "from channels_registry.models import Broker, Channel;"
-        f"b = Broker.objects.create(name='{slug}', kind='nats', url_env='DLO_TEST_KILL_NATS');"
+        f"b = Broker.objects.create(name='{slug}', kind='nats',"
+        " url_env='DLO_BROKER_TEST_KILL_NATS');"
         f"Channel.objects.create(broker=b, name='{slug}', slug='{slug}', address='{stream}',"
         " address_group='app', nats_advisory_capture=True, semantic='at-least-once')"
     )
-    env = {"DLO_TEST_KILL_NATS": url, "DLO_NATS_DRAIN_ACK_WAIT_S": "5"}
+    env = {"DLO_BROKER_TEST_KILL_NATS": url, "DLO_NATS_DRAIN_ACK_WAIT_S": "5"}
     # The advisory stream must exist before the first death (the scheduler's first run).
     first = proc_db.spawn("ingest", "--once", "--channel", slug, **env)
     assert "0 fetched" in output(first, 120)  # creates DLO_ADVISORIES and the drain consumers

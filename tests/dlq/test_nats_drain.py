@@ -151,8 +151,8 @@ def test_drain_consumers_have_bounded_ack_wait_and_max_ack_pending(stream: str) 
 def test_nothing_fetched_while_the_broker_says_n_wait_is_health_evidence_and_a_metric(
     stream: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("DLO_TEST_CAP_NATS", NATS_URL)
-    broker = make_broker(name="nats", kind=BrokerKind.NATS, url_env="DLO_TEST_CAP_NATS")
+    monkeypatch.setenv("DLO_BROKER_TEST_CAP_NATS", NATS_URL)
+    broker = make_broker(name="nats", kind=BrokerKind.NATS, url_env="DLO_BROKER_TEST_CAP_NATS")
     channel = make_channel(
         broker, address=stream, address_group="app", dlq_address="", nats_advisory_capture=True
     )
@@ -195,7 +195,7 @@ def test_advisory_capture_is_the_nats_channels_dead_letter_declaration() -> None
 
     from channels_registry.checks import check_channel
 
-    nats = make_broker(name="nats", kind=BrokerKind.NATS, url_env="DLO_TEST_CAP_NATS")
+    nats = make_broker(name="nats", kind=BrokerKind.NATS, url_env="DLO_BROKER_TEST_CAP_NATS")
     bare = make_channel(nats, slug="bare", address="S", address_group="c", dlq_address="")
     captured = make_channel(
         nats,

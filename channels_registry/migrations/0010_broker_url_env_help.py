@@ -5,7 +5,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("channels_registry", "0008_fill_board_keys"),
+        ("channels_registry", "0009_nats_capture_installation"),
     ]
 
     operations = [
