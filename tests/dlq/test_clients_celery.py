@@ -136,8 +136,10 @@ def test_celery_dead_letters_are_job_aware_and_replay_to_the_worker(
         app.tasks["billing.refund"].apply_async(("ord-10",), queue=work)
         _wait(lambda: _depth(dlq) == 2, "both tasks to be dead-lettered")
 
-    monkeypatch.setenv("DLO_TEST_CELERY_RABBIT", AMQP_URL)
-    broker = make_broker(name="rabbit", kind=BrokerKind.RABBITMQ, url_env="DLO_TEST_CELERY_RABBIT")
+    monkeypatch.setenv("DLO_BROKER_TEST_CELERY_RABBIT", AMQP_URL)
+    broker = make_broker(
+        name="rabbit", kind=BrokerKind.RABBITMQ, url_env="DLO_BROKER_TEST_CELERY_RABBIT"
+    )
     channel = make_channel(
         broker,
         address=work,

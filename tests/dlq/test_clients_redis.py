@@ -40,7 +40,7 @@ def streams(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[redis.Redis, str]
     except redis.RedisError as exc:
         broker_required("Redis", exc)
     stream = f"orders-{uuid.uuid4().hex[:8]}"
-    monkeypatch.setenv("DLO_TEST_CLIENTS_REDIS", REDIS_URL)
+    monkeypatch.setenv("DLO_BROKER_TEST_CLIENTS_REDIS", REDIS_URL)
     yield client, stream
     client.delete(stream, f"{stream}:dlq", f"{stream}:poison")
     client.close()
@@ -84,7 +84,9 @@ def test_field_map_entry_is_the_message_and_replays_exactly_its_fields(
         r.xautoclaim(stream, GROUP, "worker-1", min_idle_time=0, start_id="0-0", count=10)
     assert _reap(r, stream) == 1
 
-    broker = make_broker(name="redis", kind=BrokerKind.REDIS, url_env="DLO_TEST_CLIENTS_REDIS")
+    broker = make_broker(
+        name="redis", kind=BrokerKind.REDIS, url_env="DLO_BROKER_TEST_CLIENTS_REDIS"
+    )
     channel = make_channel(
         broker,
         address=stream,
@@ -131,7 +133,9 @@ def test_body_field_layout_keeps_the_dashboards_convention(
 ) -> None:
     r, stream = streams
     r.xadd(f"{stream}:dlq", {"payload": '{"order_id": "o-1"}', "reason": "boom"})
-    broker = make_broker(name="redis", kind=BrokerKind.REDIS, url_env="DLO_TEST_CLIENTS_REDIS")
+    broker = make_broker(
+        name="redis", kind=BrokerKind.REDIS, url_env="DLO_BROKER_TEST_CLIENTS_REDIS"
+    )
     channel = make_channel(
         broker,
         address=stream,

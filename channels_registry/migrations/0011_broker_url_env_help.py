@@ -5,7 +5,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("channels_registry", "0009_nats_capture_installation"),
+        ("channels_registry", "0010_message_schemas_layout_type"),
     ]
 
     operations = [
