@@ -13,6 +13,11 @@ class Outcome(models.TextChoices):
     FAILED = "failed", "Failed"
 
 
+#: An event a person caused (signed in, or at least seen at an address); the others are the
+#: system's own (ingest, sealing, scheduled jobs), which the audit page can fold or hide.
+PERSON_Q = models.Q(actor_id__isnull=False) | models.Q(source_ip__isnull=False)
+
+
 class AuditEvent(models.Model):
     """One recorded action. An action inserts it *unsealed* (``seq`` and ``hash`` null); the
     sealer then gives it its place in the log (``seq``, ``prev_hash``, ``hash``) once. Database
@@ -54,6 +59,13 @@ class AuditEvent(models.Model):
             # it walks the whole trail backwards (~120 ms at 1,000,000 events on PostgreSQL).
             models.Index(fields=["outcome", "seq"], name="audit_outcome_seq"),
             models.Index(fields=["plan_id", "seq"], name="audit_plan_seq"),
+            # The audit page with system events hidden: people's actions, newest first, without
+            # walking past a million ingest events (see ``PERSON_Q``).
+            models.Index(
+                fields=["seq"],
+                condition=models.Q(actor_id__isnull=False) | models.Q(source_ip__isnull=False),
+                name="audit_person_seq",
+            ),
             # What the sealer reads: the few rows not sealed yet, in arrival order.
             models.Index(
                 fields=["id"], condition=models.Q(seq__isnull=True), name="audit_unsealed"
@@ -66,6 +78,10 @@ class AuditEvent(models.Model):
 
     def __str__(self) -> str:
         return f"#{self.seq} {self.action} {self.target_repr}"
+
+    @property
+    def is_system(self) -> bool:
+        return self.actor_id is None and self.source_ip is None
 
     def canonical_fields(self) -> dict[str, Any]:
         from audit.chain import canonical_time

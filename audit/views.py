@@ -19,7 +19,7 @@ from audit.access import EXPORT, VERIFY, events_for_user, require_audit_permissi
 from audit.actions import Actor, do_record_export, do_request_chain_verification
 from audit.export import chunks, streaming_response
 from audit.filters import AuditFilterForm, page_of
-from audit.models import AuditEvent, AuditHead, ChainVerification
+from audit.models import PERSON_Q, AuditEvent, AuditHead, ChainVerification
 from audit.status import log_status
 from dashboard.http import HtmxHttpRequest
 
@@ -43,6 +43,8 @@ class EventRow:
     event: AuditEvent
     changes: list[Change]
     history_url: str
+    #: The system's own event (ingest, sealing): one line, its changes folded.
+    system: bool = False
 
 
 def _changes(event: AuditEvent) -> list[Change]:
@@ -73,7 +75,11 @@ def _row(event: AuditEvent) -> EventRow:
     if event.target_type and event.target_id:
         query = urlencode({"target_type": event.target_type, "target_id": event.target_id})
         history = f"{reverse('audit_events')}?{query}"
-    return EventRow(event, _changes(event), history)
+    return EventRow(event, _changes(event), history, event.is_system)
+
+
+def _join(*queries: str) -> str:
+    return "&".join(q for q in queries if q)
 
 
 @require_GET
@@ -82,15 +88,22 @@ def event_list(request: HtmxHttpRequest) -> HttpResponse:
     form = AuditFilterForm(request.GET)
     rows: list[AuditEvent] = []
     older_query = None
+    # A page-only switch (not an export or API filter): hide the system's own events.
+    hide_system = request.GET.get("system") == "hide"
+    keep = "system=hide" if hide_system else ""
     if form.is_valid():
-        rows, next_before = page_of(form.apply(events), form.cursor)
+        selected = form.apply(events)
+        if hide_system:
+            selected = selected.filter(PERSON_Q)
+        rows, next_before = page_of(selected, form.cursor)
         if next_before is not None:
-            older_query = form.querystring(before=next_before)
+            older_query = _join(form.querystring(before=next_before), keep)
     context = {
         "form": form,
         "rows": [_row(event) for event in rows],
         "older_query": older_query,
-        "newest_query": form.querystring() if request.GET.get("before") else None,
+        "newest_query": _join(form.querystring(), keep) if request.GET.get("before") else None,
+        "hide_system": hide_system,
         "filtered": any(request.GET.get(name) for name in form.fields),
         "export_query": form.querystring(),
         "verification": ChainVerification.objects.first(),
@@ -103,7 +116,7 @@ def event_list(request: HtmxHttpRequest) -> HttpResponse:
         return render(request, "audit/event_list.html", context)
     response = render(request, "audit/event_list.html#rows", context)
     # The history entry htmx pushes: only the filters in use, not every empty form field.
-    query = form.querystring(before=request.GET.get("before") or None)
+    query = _join(form.querystring(before=request.GET.get("before") or None), keep)
     return push_url(response, f"{request.path}?{query}" if query else request.path)
 
 

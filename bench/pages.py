@@ -2,17 +2,19 @@
 
 Server time of the pages on-call engineers keep open, at scale: 1,000 channels (with health
 rows from one real poll through a synthetic adapter), 1,000,000 dead letters in 5,000 failure
-groups, and 100,000 audit events, in a fresh PostgreSQL database.
+groups, and 1,000,000 audit events (49 in 50 the system's own ``dlq.ingest``, as in the demo), in a
+fresh PostgreSQL database.
 
 1. Rows are generated inside PostgreSQL (``INSERT … SELECT generate_series``), then ANALYZE;
-   audit events go through the real ``record_many`` (a valid hash chain, COPY).
+   audit events go through the real ``record_many`` (COPY) and the real sealer (hash chain).
 2. Each page is requested ``BENCH_REQUESTS`` times (after two warm-ups) with Django's test
    ``Client`` in-process, as a user with the oncall and compliance roles; the time around
    ``client.get`` is the server time (middleware, queries, templates), without a network.
 3. Report p50 / p95 / max per page and the number of queries of one request.
 
 Pages: the board; the DLQ failure groups; the DLQ list (first page; filtered by channel and
-status, deep keyset page); an entry detail; the audit trail (first page; a deep page).
+status, deep keyset page); an entry detail; the audit trail (first page; a deep page; system
+events hidden, first and deep page).
 ``DEBUG`` is off (no query log overhead). Everything is dropped afterwards, unless
 ``BENCH_DB=<name>`` names a database to keep and reuse (data made once). Loopback only.
 """
@@ -28,7 +30,8 @@ from typing import Any
 PG_ADMIN = os.environ.get("BENCH_PG_ADMIN_URL", "postgres://postgres@127.0.0.1:5432/postgres")
 CHANNELS = int(os.environ.get("BENCH_CHANNELS", "1000"))
 ENTRIES = int(os.environ.get("BENCH_ENTRIES", "1000000"))
-AUDIT_EVENTS = int(os.environ.get("BENCH_AUDIT_EVENTS", "100000"))
+AUDIT_EVENTS = int(os.environ.get("BENCH_AUDIT_EVENTS", "1000000"))
+PERSON_EVERY = 50  # one audit event in 50 is a person's; the rest are system ingest events
 REQUESTS = int(os.environ.get("BENCH_REQUESTS", "30"))
 GROUPS_PER_CHANNEL = 5
 MIDDLE = f"bench-{CHANNELS // 2:04d}"
@@ -101,6 +104,7 @@ def make_data() -> dict[str, Any]:
     from django.db import connection, transaction
 
     from audit.actions import Actor, EventSpec, record_many
+    from audit.sealer import seal
     from bench.fixtures import bench_channels
     from channels_registry import polling
     from channels_registry.models import Channel
@@ -128,9 +132,9 @@ def make_data() -> dict[str, Any]:
             f"""
             INSERT INTO {FailureGroup._meta.db_table}
                 (channel_id, fingerprint, reason, error_class, normalized_error, count,
-                 first_seen, last_seen)
+                 open_count, first_seen, last_seen)
             SELECT c.id, md5(c.id::text || ':' || k), (ARRAY{reasons!r})[k + 1],
-                   (ARRAY{classes!r})[k + 1], 'error <n> while booking order <str>', 0,
+                   (ARRAY{classes!r})[k + 1], 'error <n> while booking order <str>', 0, 0,
                    to_timestamp(%s - 86400), to_timestamp(%s)
             FROM {Channel._meta.db_table} c, generate_series(0, {GROUPS_PER_CHANNEL - 1}) k
             """,
@@ -174,8 +178,9 @@ def make_data() -> dict[str, Any]:
         cursor.execute(
             f"""
             UPDATE {FailureGroup._meta.db_table} fg
-            SET count = x.n, sample_id = x.sample
-            FROM (SELECT group_id, count(*) AS n, min(id) AS sample
+            SET count = x.n, open_count = x.open, sample_id = x.sample
+            FROM (SELECT group_id, count(*) AS n, min(id) AS sample,
+                         count(*) FILTER (WHERE status NOT IN ('replayed', 'discarded')) AS open
                   FROM {DeadLetter._meta.db_table} GROUP BY group_id) x
             WHERE x.group_id = fg.id
             """
@@ -187,9 +192,26 @@ def make_data() -> dict[str, Any]:
     )
 
     started = time.monotonic()
-    actor = Actor.system("bench")
+    system = Actor.system()
+    person = Actor(user.pk, user.get_username(), "127.0.0.1")
     for start in range(0, AUDIT_EVENTS, 10_000):
+        numbers = range(start, min(AUDIT_EVENTS, start + 10_000))
         with transaction.atomic():
+            record_many(
+                [
+                    EventSpec(
+                        "dlq.ingest",
+                        "channels_registry.channel",
+                        n % CHANNELS,
+                        target_repr=f"bench-{n % CHANNELS:04d} dlq bench.queue.dlq",
+                        channel_slug=f"bench-{n % CHANNELS:04d}",
+                        after={"inserted": 50, "duplicates": 0, "source": "dlq"},
+                    )
+                    for n in numbers
+                    if n % PERSON_EVERY
+                ],
+                actor=system,
+            )
             record_many(
                 [
                     EventSpec(
@@ -199,12 +221,14 @@ def make_data() -> dict[str, Any]:
                         target_repr=f"entry {n}",
                         channel_slug=f"bench-{n % CHANNELS:04d}",
                         reason="bench",
-                        after={"status": "discarded"},
+                        after={"status": ["new", "discarded"]},
                     )
-                    for n in range(start, min(AUDIT_EVENTS, start + 10_000))
+                    for n in numbers
+                    if not n % PERSON_EVERY
                 ],
-                actor=actor,
+                actor=person,
             )
+        seal(wait=True)
     with connection.cursor() as cursor:
         cursor.execute("ANALYZE")
     print(f"  {AUDIT_EVENTS:,} audit events: {time.monotonic() - started:.1f} s")
@@ -258,6 +282,8 @@ def measure(data: dict[str, Any]) -> None:
         ("entry detail", f"/dead-letters/{data['entry']}/"),
         ("audit", "/audit/"),
         ("audit deep page", f"/audit/?before={data['audit_before']}"),
+        ("audit, system hidden", "/audit/?system=hide"),
+        ("audit, system hidden, deep", f"/audit/?system=hide&before={data['audit_before']}"),
     ]
     print(f"{'page':<28}{'p50 ms':>9}{'p95 ms':>9}{'max ms':>9}{'queries':>9}  bytes")
     for label, url in pages:

@@ -13,7 +13,7 @@ from django.utils import timezone
 
 from audit.actions import Actor, do_verify_chain, record
 from audit.filters import AuditFilterForm
-from audit.models import AuditEvent, ChainVerification, Outcome
+from audit.models import PERSON_Q, AuditEvent, ChainVerification, Outcome
 from tests.conftest import client_for
 
 pytestmark = pytest.mark.django_db
@@ -310,3 +310,37 @@ def test_a_page_of_one_outcome_walks_its_own_index() -> None:
                 cursor.execute("SET LOCAL enable_seqscan = off")
         plan = page[:51].explain()
     assert "audit_outcome_seq" in plan
+
+
+def test_system_events_fold_to_one_line_and_can_be_hidden(compliance: User) -> None:
+    person = event("dlq.discard", reason="known bad", after={"status": "discarded"})
+    system = record(
+        "dlq.ingest", actor=Actor.system(), target_type="channels_registry.channel",
+        target_id="1", after={"inserted": 40, "duplicates": 0, "source": "dlq"},
+    )  # fmt: skip
+    client = client_for(compliance)
+    body = client.get(URL).content.decode()
+    row = body[body.index(f'id="event-{system.seq}"') :]
+    row = row[: row.index("</tr>")]
+    assert 'class="system-event"' in row and "<details><summary>3 fields</summary>" in row
+    person_row = body[body.index(f'id="event-{person.seq}"') :]
+    assert "<details>" not in person_row[: person_row.index("</tr>")]  # a person's: open
+    hidden = client.get(f"{URL}?system=hide")
+    assert person.seq in seqs(hidden) and system.seq not in seqs(hidden)
+    assert all(not row.system for row in hidden.context["rows"])
+    assert 'name="system" value="hide" checked' in hidden.content.decode()
+    partial = client.get(f"{URL}?system=hide&actor=", **HTMX)  # type: ignore[arg-type]
+    assert partial["HX-Push-Url"] == "/audit/?system=hide"
+
+
+def test_hiding_system_events_walks_the_people_index() -> None:
+    for _ in range(3):
+        event()
+    page = AuditEvent.objects.filter(PERSON_Q, seq__lt=3).order_by("-seq")
+    with transaction.atomic():
+        if connection.vendor == "postgresql":
+            with connection.cursor() as cursor:
+                cursor.execute("SET LOCAL enable_seqscan = off")
+        plan = page[:51].explain()
+    if connection.vendor == "postgresql":
+        assert "audit_person_seq" in plan
