@@ -66,6 +66,50 @@
     });
   });
 
+  // Screen readers: a pushed row whose state changed is announced in the polite live region,
+  // batched (at most one message every ANNOUNCE_MS, three channels named) so a busy board
+  // does not flood; numbers that move without a state change are not announced.
+  var ANNOUNCE_MS = 10000;
+  var previous = {};
+  var changed = {};
+  var announceTimer = null;
+  var lastAnnounced = 0;
+  function stateText(row) {
+    if (!row) { return ""; }
+    return Array.prototype.map.call(row.querySelectorAll("td:nth-child(2) .state"), function (s) {
+      return s.textContent.trim();
+    }).join(", ");
+  }
+  function announce() {
+    announceTimer = null;
+    lastAnnounced = Date.now();
+    var ids = Object.keys(changed);
+    changed = {};
+    var lines = [];
+    ids.forEach(function (id) {
+      var row = document.getElementById(id);
+      var now = stateText(row);
+      if (!row || now === previous[id]) { return; }
+      var name = row.querySelector("td a");
+      lines.push((name ? name.textContent.trim() : "A channel") + " is now " + now);
+    });
+    var region = document.getElementById("board-announce");
+    if (!region || !lines.length) { return; }
+    var text = lines.slice(0, 3).join(". ") + ".";
+    if (lines.length > 3) { text += " " + (lines.length - 3) + " more channels changed state."; }
+    region.textContent = text;
+  }
+  document.body.addEventListener("htmx:oobBeforeSwap", function (e) {
+    var target = e.detail && e.detail.target;
+    if (!target || !/^ch-\d+$/.test(target.id || "")) { return; }
+    if (!(target.id in changed)) { previous[target.id] = stateText(target); }
+    changed[target.id] = true;
+    if (!announceTimer) {
+      var wait = Math.max(2000, ANNOUNCE_MS - (Date.now() - lastAnnounced));
+      announceTimer = setTimeout(announce, wait);
+    }
+  });
+
   function fmt(seconds) {
     if (seconds < 90) { return Math.max(0, Math.round(seconds)) + " s"; }
     if (seconds < 5400) { return Math.round(seconds / 60) + " min"; }

@@ -68,8 +68,8 @@ def test_rows_are_worst_first_with_values(viewer: Any) -> None:
     content = client_for(viewer).get("/").content.decode()
     order = [content.index(f'id="ch-{c.pk}"') for c in (stopped, lagging, ok)]
     assert order == sorted(order)
-    assert '<td class="n">12,345</td>' in content
-    assert '<td class="n">2 / 3</td>' in content
+    assert '<td class="n" data-label="Backlog">12,345</td>' in content
+    assert '<td class="n" data-label="Consumers">2 / 3</td>' in content
     assert "not draining" in content
     assert "evidence for stopped" in content
 
@@ -79,8 +79,9 @@ def test_unknown_values_are_shown_as_unknown_not_zero(viewer: Any) -> None:
     _health(channel, HealthState.OK, backlog=None, dlq_depth=None)
     content = client_for(viewer).get("/").content.decode()
     row = content[content.index(f'id="ch-{channel.pk}"') :]
-    assert '<td class="n">—</td>' in row
-    assert '<td class="n">0</td>' not in row[: row.index("</tr>")]
+    assert '<td class="n" data-label="Backlog">—</td>' in row
+    assert '<td class="n" data-label="DLQ">—</td>' in row
+    assert ">0</td>" not in row[: row.index("</tr>")]
 
 
 def test_old_health_is_shown_stale_never_ok(viewer: Any) -> None:
@@ -339,3 +340,18 @@ def test_stale_rows_rank_and_count_the_same_however_many_are_stale(
     flagged = client.get("/?state=dlq-nonempty").content.decode()
     assert "1 more channel" in flagged
     assert 'state=stale">Stale 1<' in flagged and 'state=ok">OK 1<' in flagged
+
+
+def test_board_shows_stored_dead_letters_beside_the_brokers_depth(viewer: Any) -> None:
+    channel = make_channel()
+    _health(
+        channel, HealthState.IDLE, dlq_depth=0, poison_depth=0, dlq_unresolved=4,
+        poison_unresolved=1, dlq_flags=["dlq-nonempty"],
+    )  # fmt: skip
+    html = client_for(viewer).get("/").content.decode()
+    row = html[html.index(f'id="ch-{channel.pk}"') :]
+    row = row[: row.index("</tr>")]
+    assert '<td class="n" data-label="DLQ">0<div class="stored">+4 stored</div></td>' in row
+    assert '<td class="n" data-label="Poison">0<div class="stored">+1 stored</div></td>' in row
+    assert "DLQ non-empty" in row
+    assert 'id="board-announce"' in html and 'aria-live="polite"' in html

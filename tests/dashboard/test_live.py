@@ -158,7 +158,8 @@ def test_viewer_receives_the_row_partial_after_a_poll(monkeypatch: pytest.Monkey
         html = await communicator.receive_from(timeout=5)
         assert html.lstrip().startswith(f'<tr id="ch-{channel.pk}"')
         assert 'hx-swap-oob="true"' in html
-        assert '<td class="n">4</td>' in html  # backlog 4, rendered by the page's row partial
+        # Backlog 4, rendered by the page's row partial.
+        assert '<td class="n" data-label="Backlog">4</td>' in html
         assert f'id="ch-{other.pk}"' not in html  # filtered to the client's team
         await communicator.disconnect()
 
@@ -219,4 +220,4 @@ def test_a_row_is_pushed_only_when_its_html_changed(monkeypatch: pytest.MonkeyPa
     health.backlog = 6
     health.save()
     assert live.push_board_rows([channel.pk]) == 1
-    assert '<td class="n">6</td>' in sent[1]["rows"][0]["html"]
+    assert '<td class="n" data-label="Backlog">6</td>' in sent[1]["rows"][0]["html"]

@@ -197,9 +197,10 @@ class Journey:
                 raise AssertionError(f"condition not met within {timeout_s} s")
             self.page.wait_for_timeout(100)
 
-    def shot(self, label: str) -> None:
+    def shot(self, label: str, *, full_page: bool = True) -> None:
         ARTIFACTS.mkdir(parents=True, exist_ok=True)
-        self.page.screenshot(path=str(ARTIFACTS / f"{self.name}-{label}.png"), full_page=True)
+        path = str(ARTIFACTS / f"{self.name}-{label}.png")
+        self.page.screenshot(path=path, full_page=full_page)
 
     def axe(self, label: str) -> list[dict[str, Any]]:
         """Run axe-core (tests/e2e/node_modules, ``npm ci``) on the page as it is; return the

@@ -63,6 +63,10 @@ def test_board_row_turns_stopped_live(journey: Any, rabbit: tuple[Any, str]) -> 
     # No reload: the websocket pushes the row partial and htmx swaps it in place.
     expect(row).to_contain_text("STOPPED", ignore_case=True, timeout=10_000)
     assert "25" in row.inner_text()
+    # Screen readers hear the change once, batched in the polite live region (issue 15.11).
+    announce = tab.page.locator("#board-announce")
+    assert announce.get_attribute("aria-live") == "polite"
+    expect(announce).to_contain_text("Live orders is now Stopped", timeout=15_000)
     tab.shot("board-stopped")
     tab.check_clean()
 

@@ -54,6 +54,7 @@ def test_every_page_reads_at_every_size_in_both_themes(
         if bad:
             failing[label] = bad
         tab.shot(label)
+        tab.shot(f"{label}-first-screen", full_page=False)  # what one sees without scrolling
     counts = {
         label: {i: sum(1 for v in found if v["impact"] == i) for i in ("serious", "critical")}
         for label, found in tab.axe_results.items()
