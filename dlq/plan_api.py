@@ -11,7 +11,7 @@ from typing import Any
 from urllib.parse import urlencode
 
 from django.urls import path, reverse
-from drf_spectacular.utils import PolymorphicProxySerializer, extend_schema
+from drf_spectacular.utils import PolymorphicProxySerializer, extend_schema, extend_schema_field
 from rest_framework import serializers
 from rest_framework.decorators import api_view
 from rest_framework.request import Request
@@ -91,9 +91,61 @@ class PlanListParams(serializers.Serializer[Any]):
     )
 
 
+# The JSON type each body field must have (None is allowed where the field allows it). DRF's
+# fields coerce ("reason": 0 becomes "0", "preview": 1 becomes true); the schema promises types.
+_STRING: tuple[type, ...] = (str,)
+_NUMBER: tuple[type, ...] = (int, float)
+JSON_TYPES: dict[str, tuple[type, ...]] = {
+    "kind": _STRING, "channel": _STRING, "group": (int,), "preview": (bool,),
+    "reason": _STRING, "request_key": _STRING, "rate": _NUMBER, "canary_size": (int,),
+    "canary_wait_s": _NUMBER, "override_reason": _STRING,
+}  # fmt: skip
+_TYPE_NAMES: dict[tuple[type, ...], str] = {
+    _STRING: "a string",
+    _NUMBER: "a number",
+    (bool,): "a boolean",
+    (int,): "an integer",
+}
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _json_type_errors(data: dict[str, Any]) -> dict[str, list[str]]:
+    errors: dict[str, list[str]] = {}
+    for name, types in JSON_TYPES.items():
+        value = data.get(name)
+        if value is None:
+            continue
+        # bool is an int in Python, but not a number in JSON.
+        if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
+            errors[name] = [f"must be {_TYPE_NAMES[types]}"]
+    filters, ids = data.get("filter"), data.get("ids")
+    if isinstance(filters, dict) and not all(
+        isinstance(v, str) or _is_int(v) for v in filters.values()
+    ):
+        errors["filter"] = ["filter values must be strings or integers"]
+    if isinstance(ids, list) and not all(_is_int(i) for i in ids):
+        errors["ids"] = ["ids must be a list of entry ids (integers)"]
+    return errors
+
+
+@extend_schema_field(
+    {"oneOf": [{"type": "string"}, {"type": "integer"}]}  # what _json_type_errors allows
+)
+class FilterValueField(serializers.CharField):
+    pass
+
+
 class PlanRequestSerializer(serializers.Serializer[Any]):
     """What ``POST /api/replay-plans/`` accepts. The entries are ``ids`` when given, else the
     dead-letter list's filters (``filter``, ``channel``, ``group``)."""
+
+    def to_internal_value(self, data: Any) -> Any:
+        if isinstance(data, dict) and (errors := _json_type_errors(data)):
+            raise serializers.ValidationError(errors)
+        return super().to_internal_value(data)
 
     kind = serializers.ChoiceField(choices=PlanKind.choices, default=PlanKind.REPLAY)
     channel = serializers.CharField(required=False, allow_null=True, allow_blank=True)
@@ -101,7 +153,7 @@ class PlanRequestSerializer(serializers.Serializer[Any]):
         required=False, allow_null=True, min_value=1, max_value=2**63 - 1
     )
     filter = serializers.DictField(
-        child=serializers.CharField(allow_blank=True),
+        child=FilterValueField(allow_blank=True),
         required=False,
         allow_null=True,
         error_messages={"not_a_dict": "filter must be an object of the list's filter parameters"},

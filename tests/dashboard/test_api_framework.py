@@ -150,14 +150,22 @@ def test_a_nul_byte_or_an_odd_time_in_a_filter_is_a_400(
         {"filter": {"since": ODD_TIME}},
         {"channel": "x\x00"},
         {"ids": [2**70]},
+        # Found by Schemathesis: DRF's fields coerce, the schema promises JSON types.
+        {"reason": 0},
+        {"preview": 1},
+        {"ids": ["1"]},
+        {"rate": "20"},
+        {"canary_size": True},
+        {"filter": {"channel": 1.5}},
     ],
 )
-def test_a_plan_request_with_a_nul_byte_or_an_odd_time_is_a_400(
+def test_a_plan_request_with_a_nul_byte_an_odd_time_or_a_wrong_type_is_a_400(
     oncall: User, body: dict[str, Any]
 ) -> None:
     _entries()
     response = Client().post(
-        PLANS, json.dumps({"reason": "r", **body}), content_type="application/json",
+        PLANS, json.dumps({"kind": "discard", "reason": "r", **body}),
+        content_type="application/json",
         headers=bearer(oncall),
     )  # fmt: skip
     assert response.status_code == 400, response.content
