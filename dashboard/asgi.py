@@ -12,12 +12,15 @@ django_asgi_app = get_asgi_application()
 from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 
+from dashboard.body_limit import BodyLimitMiddleware, install_daphne_limit  # noqa: E402
 from dashboard.origin import ExactOriginValidator  # noqa: E402
 from dashboard.routing import websocket_urlpatterns  # noqa: E402
 
 application = ProtocolTypeRouter(
     {
-        "http": django_asgi_app,
+        "http": BodyLimitMiddleware(django_asgi_app),
         "websocket": ExactOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
     }
 )
+# Daphne (the Dockerfile's server, and runserver) reads bodies before any middleware runs.
+install_daphne_limit()

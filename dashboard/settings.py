@@ -280,6 +280,9 @@ DLO_BASE_URL = env_str("DLO_BASE_URL", "")
 # Webhooks reach public addresses only; these networks (CIDR) or host names are allowed too,
 # e.g. an internal chat relay. Loopback, link-local (cloud metadata) and private otherwise fail.
 DLO_WEBHOOK_ALLOW = env_list("DLO_WEBHOOK_ALLOW", "")
+# Request bodies over this many bytes are refused (413) before any buffering, authenticated or
+# not (see dashboard/body_limit.py).
+DLO_MAX_REQUEST_BYTES = env_int("DLO_MAX_REQUEST_BYTES", 5 * 1024 * 1024)
 
 # The JSON API (/api/): bearer tokens for scripts, the session (with CSRF) for the browser;
 # JSON in and out only (no browsable API: its pages need inline script the CSP forbids).
