@@ -23,7 +23,7 @@ from audit.actions import Actor, EventSpec, record, record_many
 from audit.sealer import request_checkpoint
 from brokers.base import BrokerError
 from channels_registry.models import BrokerConfigError, Channel, ChannelHealth
-from dlq import retention
+from dlq import retention, search
 from dlq.ingest import IngestResult, ingest_channel
 from dlq.models import (
     DeadLetter,
@@ -98,6 +98,7 @@ def do_purge_expired(now: dt.datetime, *, max_batches: int = 100) -> PurgeResult
                 count = DeadLetter.objects.filter(pk__in=ids, purged_at__isnull=True).update(
                     body=None, search_text="", purged_at=now
                 )
+                search.forget(ids)
                 record(
                     "dlq.purge",
                     actor=Actor.system(),

@@ -20,7 +20,7 @@ from django.utils import timezone
 from django.utils.dateparse import parse_date, parse_datetime
 
 from channels_registry.models import Channel
-from dlq.models import DeadLetter, Source, Status
+from dlq.models import DeadLetter, SearchText, Source, Status
 
 PAGE_SIZE = 50
 MAX_PAGE_SIZE = 200
@@ -138,8 +138,10 @@ class EntryFilter:
         if self.message_type:
             entries = entries.filter(message_type=self.message_type)
         if self.search:
-            # search_text is stored lower-cased; plain LIKE uses the trigram index.
-            entries = entries.filter(search_text__contains=self.search)
+            # The text is stored lower-cased in the narrow SearchText table, whose trigram
+            # GIN index (PostgreSQL) serves a plain LIKE.
+            matches = SearchText.objects.filter(text__contains=self.search)
+            entries = entries.filter(pk__in=matches.values("entry_id"))
         return entries
 
     def params(self) -> dict[str, str]:

@@ -49,7 +49,7 @@ from channels_registry.models import (
     IdempotencySource,
     installation_id,
 )
-from dlq import message, redaction, render
+from dlq import message, redaction, render, search
 from dlq.fingerprint import fingerprint, normalize_error
 from dlq.models import DeadLetter, FailureGroup, Source
 from dlq.relay import link_replayed_parents
@@ -359,10 +359,15 @@ def build_entry(channel: Channel, letter: Letter, source: str, now: dt.datetime)
 
 
 def store_batch(
-    channel: Channel, letters: Sequence[Letter], source: str, address: Address
+    channel: Channel,
+    letters: Sequence[Letter],
+    source: str,
+    address: Address,
+    stored_ids: list[int] | None = None,
 ) -> tuple[int, int]:
-    """Insert one batch in one transaction; return (inserted, duplicates). Raises on any
-    database failure, in which case the caller must not ack."""
+    """Insert one batch in one transaction; return (inserted, duplicates) and add the new
+    rows' ids to ``stored_ids``. Raises on any database failure, in which case the caller
+    must not ack."""
     with transaction.atomic():
         # One ingester per channel at a time: the counts below rely on it.
         locked = Channel.objects.select_for_update().select_related("broker").get(pk=channel.pk)
@@ -396,6 +401,8 @@ def store_batch(
                 "last_id": max(stored.values(), default=None),
             },
         )
+    if stored_ids is not None:
+        stored_ids.extend(stored.values())
     return inserted, duplicates
 
 
@@ -521,12 +528,17 @@ def ingest_channel(
                         wait_s = DRAINED_WAIT_S
                         break
                     letters.extend(more)
-                inserted, duplicates = store_batch(channel, letters, source, address)
+                ids: list[int] = []
+                inserted, duplicates = store_batch(channel, letters, source, address, ids)
                 if _crash_after_commit_requested():
                     os._exit(137)
                 session.ack(letters)
+                # Off the commit-then-ack path: the text index follows the ack (a crash
+                # here is caught up by search.index_missing below).
+                search.index_entries(ids)
                 result.batches += 1
                 result.fetched += len(letters)
                 result.inserted += inserted
                 result.duplicates += duplicates
+    search.index_missing()
     return result

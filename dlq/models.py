@@ -75,7 +75,10 @@ class DeadLetter(models.Model):
     """One dead-lettered message. ``body`` is NULL once retention purged it (``purged_at`` set):
     the row stays as a tombstone with its hash, size and metadata."""
 
-    channel = models.ForeignKey(Channel, on_delete=models.PROTECT, related_name="dead_letters")
+    # No single-column index on channel or group: (channel, id) and (group, id) cover them.
+    channel = models.ForeignKey(
+        Channel, on_delete=models.PROTECT, related_name="dead_letters", db_index=False
+    )
     source = models.CharField(max_length=8, choices=Source.choices, default=Source.DLQ)
     status = models.CharField(max_length=12, choices=Status.choices, default=Status.NEW)
     dedupe_key = models.CharField(max_length=200, unique=True)
@@ -109,7 +112,12 @@ class DeadLetter(models.Model):
     is_parseable = models.BooleanField(null=True)
     death_history = models.JSONField(default=list, blank=True)
     group = models.ForeignKey(
-        FailureGroup, on_delete=models.SET_NULL, null=True, blank=True, related_name="entries"
+        FailureGroup,
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="entries",
+        db_index=False,
     )
     parent = models.ForeignKey(
         "self", on_delete=models.SET_NULL, null=True, blank=True, related_name="children"
@@ -117,9 +125,9 @@ class DeadLetter(models.Model):
     # How many replays of this message dead-lettered again (parent's generation + 1).
     generation = models.PositiveSmallIntegerField(default=0)
     purged_at = models.DateTimeField(null=True, blank=True)
-    # Lower-cased, redacted, truncated text of body and headers for the text filter (a trigram
-    # GIN index on PostgreSQL, see migration 0002). Redacted so a search cannot probe hidden
-    # values; emptied when the body is purged.
+    # Lower-cased, redacted, truncated text of body and headers for the text filter. Redacted
+    # so a search cannot probe hidden values; emptied when the body is purged. Not indexed
+    # here: the filter searches ``SearchText``, its indexed copy filled off the ingest path.
     search_text = models.TextField(blank=True)
 
     class Meta:
@@ -178,6 +186,27 @@ class DeadLetter(models.Model):
         return (now or timezone.now()) >= eviction - margin
 
 
+class SearchText(models.Model):
+    """The text filter's index: a narrow copy of ``DeadLetter.search_text`` with the trigram
+    GIN index (PostgreSQL, migration 0009), kept off the dead-letter table so neither ingest
+    nor a replay's status updates pay ~300 trigram keys per row. Filled after the ingest
+    commit (``dlq.search``); a search misses an entry only for that moment."""
+
+    # No database constraint: entries leave by whole partitions (retention), and this row
+    # goes with them (``dlq.search.forget``).
+    entry = models.OneToOneField(
+        DeadLetter,
+        on_delete=models.DO_NOTHING,
+        primary_key=True,
+        db_constraint=False,
+        related_name="search",
+    )
+    text = models.TextField()
+
+    def __str__(self) -> str:
+        return f"search text of {self.entry_id}"
+
+
 # Replay plans and their items (kept in their own module; imported here so Django sees them).
 REPEAT_OFFENDER_REPLAYS = 3
 from dlq.replay_models import (  # noqa: E402
@@ -190,6 +219,7 @@ from dlq.replay_models import (  # noqa: E402
 
 __all__ = [
     "DeadLetter",
+    "SearchText",
     "FailureGroup",
     "ItemStatus",
     "PlanKind",

@@ -12,7 +12,7 @@ import pytest
 from brokers.base import Address, BrokerAdapter, DrainSession, Publisher
 from brokers.base import DeadLetter as Letter
 from channels_registry.models import Channel
-from dlq import ingest
+from dlq import ingest, search
 from dlq.models import DeadLetter, Source
 
 _seq = itertools.count(1)
@@ -41,7 +41,9 @@ def letter(body: bytes = b'{"order": {"id": 1}}', **overrides: Any) -> Letter:
 
 def store(channel: Channel, *letters: Letter, source: str = Source.DLQ) -> list[DeadLetter]:
     """Store letters through the real ingest path and return the rows, oldest first."""
-    ingest.store_batch(channel, list(letters), source, Address(channel.dlq_address or "dlq"))
+    ids: list[int] = []
+    ingest.store_batch(channel, list(letters), source, Address(channel.dlq_address or "dlq"), ids)
+    search.index_entries(ids)  # as ingest_channel does after the ack
     keys = [lt.dedupe_key for lt in letters]
     return list(DeadLetter.objects.filter(dedupe_key__in=keys).order_by("id"))
 
