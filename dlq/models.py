@@ -140,6 +140,9 @@ class DeadLetter(models.Model):
             models.Index(fields=["idempotency_key"], name="dlq_entry_idem"),
             models.Index(fields=["channel", "message_type", "id"], name="dlq_entry_type_id"),
             models.Index(fields=["dead_lettered_at"], name="dlq_entry_dead_at"),
+            # The groups page's trend (last 24 h vs the 24 h before) of the groups shown:
+            # an index-only range count per group, not a walk of each group's entries.
+            models.Index(fields=["group", "dead_lettered_at"], name="dlq_entry_group_dead_at"),
             models.Index(fields=["group"], condition=UNRESOLVED_Q, name="dlq_entry_open_group"),
             models.Index(
                 fields=["channel", "source"], condition=UNRESOLVED_Q, name="dlq_entry_open_channel"
