@@ -45,7 +45,7 @@ def restore_search_index(apps: Any, schema_editor: Any) -> None:
 class Migration(migrations.Migration):
     dependencies = [
         ("channels_registry", "0008_fill_board_keys"),
-        ("dlq", "0007_relay_outages"),
+        ("dlq", "0008_message_type_job_schema_error"),
     ]
 
     operations = [
