@@ -45,6 +45,7 @@ from channels_registry import schemas
 from channels_registry.models import (
     BrokerKind,
     Channel,
+    ChannelHealth,
     DlqStrategy,
     IdempotencySource,
     installation_id,
@@ -252,6 +253,21 @@ def as_written(channel: Channel, letter: Letter) -> Letter:
     return redis_streams.apply_layout(letter, layout)
 
 
+def _delivery_limit(channel: Channel) -> int | None:
+    """The main queue's delivery limit as last observed (quorum ``delivery-limit``), else the
+    declared retry budget. Cached on the instance: one query per batch."""
+    if "_delivery_limit" not in channel.__dict__:
+        observed = (
+            ChannelHealth.objects.filter(channel=channel).values_list("observed", flat=True).first()
+        )
+        limit = observed.get("delivery_limit") if isinstance(observed, dict) else None
+        channel.__dict__["_delivery_limit"] = (
+            limit if isinstance(limit, int) and limit > 0 else channel.retry_max_attempts
+        )
+    value = channel.__dict__["_delivery_limit"]
+    return value if isinstance(value, int) else None
+
+
 def build_entry(channel: Channel, letter: Letter, source: str, now: dt.datetime) -> Built:
     """The unsaved row for ``letter``, its failure fingerprint and its JSON as text."""
     letter = as_written(channel, letter)
@@ -328,7 +344,9 @@ def build_entry(channel: Channel, letter: Letter, source: str, now: dt.datetime)
         reason=reason,
         error_class=error_class,
         error_message=error_message,
-        redelivery_count=message.delivery_count(letter.redelivery_count, headers, job),
+        redelivery_count=message.delivery_count(
+            letter.redelivery_count, headers, job, delivery_limit=_delivery_limit(channel)
+        ),
         first_death_queue=_text(letter.first_death_queue, 255),
         first_death_exchange=_text(letter.first_death_exchange, 255),
         first_death_at=_aware(letter.first_death_at),

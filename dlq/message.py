@@ -107,18 +107,38 @@ def message_type(channel: Any, headers: dict[str, Any], document: Any, job: dict
 
 
 def delivery_count(
-    broker_count: int | None, headers: dict[str, Any], job: dict[str, Any]
+    broker_count: int | None,
+    headers: dict[str, Any],
+    job: dict[str, Any],
+    *,
+    delivery_limit: int | None = None,
 ) -> int | None:
-    """The most deliveries any source reports: the broker's (x-death count), quorum
-    ``x-delivery-count``, retry headers, a job client's retry counter. None when none does."""
+    """The most redeliveries any source reports: the broker's (x-death count), quorum
+    ``x-delivery-count``, retry headers, a job client's retry counter. None when none does.
+
+    A quorum queue drops ``x-delivery-count`` when it dead-letters for ``delivery_limit``, so
+    such a death (``x-death`` reason ``delivery_limit``) counts ``delivery_limit`` redeliveries:
+    the queue's limit as observed, else the declared budget (the caller passes it)."""
     lowered = _lower(headers)
     counts = [c for c in (_int(lowered.get(h)) for h in DELIVERY_COUNT_HEADERS) if c is not None]
     if broker_count is not None:
         counts.append(broker_count)
+    if delivery_limit is not None and delivery_limit > 0 and died_of_delivery_limit(headers):
+        counts.append(delivery_limit)
     if isinstance(job.get("retries"), int):
         counts.append(job["retries"])
     counts = [c for c in counts if c >= 0]
     return max(counts) if counts else None
+
+
+def died_of_delivery_limit(headers: dict[str, Any]) -> bool:
+    lowered = _lower(headers)
+    if lowered.get("x-first-death-reason") == "delivery_limit":
+        return True
+    deaths = lowered.get("x-death")
+    return isinstance(deaths, list) and any(
+        isinstance(d, dict) and d.get("reason") == "delivery_limit" for d in deaths
+    )
 
 
 def as_time(value: Any) -> dt.datetime | None:

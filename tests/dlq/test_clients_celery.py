@@ -178,3 +178,54 @@ def test_celery_dead_letters_are_job_aware_and_replay_to_the_worker(
         _wait(lambda: bool(seen.get("done")), "the worker to run the replayed task")
     # Same task id, same arguments: the worker saw the job exactly as Celery wrote it.
     assert seen["done"] == [(charge.id, "ord-9", 12.5)]
+
+
+def test_quorum_delivery_limit_death_counts_the_deliveries_not_one(
+    queues: tuple[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A plain pika consumer nacks with requeue until the quorum queue's delivery-limit
+    dead-letters the message. RabbitMQ drops x-delivery-count on the dead letter and x-death
+    says count 1; the entry counts the limit's redeliveries (the limit read from the broker)."""
+    from channels_registry.actions import do_poll_broker
+
+    work, dlq = queues
+    connection = pika.BlockingConnection(pika.URLParameters(AMQP_URL))
+    channel = connection.channel()
+    channel.queue_declare(
+        work,
+        durable=True,
+        arguments={
+            "x-queue-type": "quorum",
+            "x-delivery-limit": 3,
+            "x-dead-letter-exchange": "",
+            "x-dead-letter-routing-key": dlq,
+        },
+    )
+    channel.basic_publish(
+        "", work, b'{"order_id": "o-1"}', pika.BasicProperties(headers={"Idempotency-Key": "k-1"})
+    )
+    for _ in range(40):  # bounded: 4 deliveries are needed
+        method, _props, _body = channel.basic_get(work)
+        if method is None:
+            if _depth(dlq) == 1:
+                break
+            time.sleep(0.25)
+            continue
+        channel.basic_nack(method.delivery_tag, requeue=True)
+    connection.close()
+    assert _depth(dlq) == 1
+
+    monkeypatch.setenv("DLO_TEST_CELERY_RABBIT", AMQP_URL)
+    broker = make_broker(
+        name="rabbit",
+        kind=BrokerKind.RABBITMQ,
+        url_env="DLO_TEST_CELERY_RABBIT",
+        management_url="http://127.0.0.1:15672",
+    )
+    declared = make_channel(broker, address=work, dlq_address=dlq, poison_address="")
+    do_poll_broker(broker.pk)  # reads the queue's delivery-limit (3)
+    assert ingest.ingest_channel(declared).inserted == 1
+    entry = DeadLetter.objects.get(channel=declared)
+    assert entry.death_history[0]["count"] == 1
+    assert entry.death_history[0]["reason"] == "delivery_limit"
+    assert entry.redelivery_count == 3
