@@ -197,6 +197,24 @@ WHY: dict[str, str] = {
     "ends, so a replay or investigation inside the declared window finds nothing.",
     "retention-by-count": "A length limit keeps a number of messages, not a time window: at "
     "peak traffic the real window shrinks below the declared retention.",
+    "ack-policy-none": "A consumer that never acknowledges is at-most-once by construction: "
+    "whatever it was handed when it crashed is gone, whatever the declaration promises.",
+    "address-missing": "The broker has no such queue, stream or consumer, so nothing about "
+    "this channel is measured: its health would read as unknown while messages go elsewhere "
+    "or nowhere.",
+    "at-most-once-dead-lettering": "The broker's dead-lettering itself can lose the message "
+    "(classic queues, or quorum queues without at-least-once dead-lettering), so a channel "
+    "declared at-least-once can lose exactly the messages that failed.",
+    "in-flight-above-declared": "The broker lets each consumer hold more unacknowledged "
+    "messages than declared: a slow or crashed consumer delays and then redelivers more than "
+    "the contract allows for.",
+    "no-dead-letter-exchange": "A rejected message with no dead-letter exchange is simply "
+    "dropped; the declared DLQ never receives anything and the failure leaves no trace.",
+    "overflow-drop-head": "When the queue is full the broker silently deletes its oldest "
+    "messages, which an at-least-once channel promised never to lose.",
+    "retry-budget-mismatch": "The broker's own delivery limit decides when a message is "
+    "dead-lettered; if it differs from the declared budget, the dedup window and the retry "
+    "window were computed from the wrong number.",
     "ack-timeout-unstated": "Without a declared ack (processing) timeout nothing says when an "
     "unacknowledged message counts as stuck, and the broker's own timeout cannot be checked.",
     "retry-window-below-ack-timeout": "The retry window ends before one attempt is even "

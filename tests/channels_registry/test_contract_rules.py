@@ -249,3 +249,11 @@ def test_registry_check_names_every_anti_pattern_of_the_seeds(
     for code, principle in expected.items():
         assert f"{principle} {code}:" in out, code
     assert Channel.objects.count() == 0
+
+
+def test_every_observed_finding_code_has_its_own_why() -> None:
+    import re
+
+    source = (Path(__file__).parents[2] / "channels_registry" / "observed.py").read_text()
+    codes = set(re.findall(r'"observed\.([a-z-]+)"', source))
+    assert codes and codes <= set(WHY), codes - set(WHY)
