@@ -272,6 +272,9 @@ DLO_AUDIT_CHECKPOINT_WEBHOOK = env_str("DLO_AUDIT_CHECKPOINT_WEBHOOK", "")
 DLO_AUDIT_UNSEALED_WARN_S = env_int("DLO_AUDIT_UNSEALED_WARN_S", 30)
 # Bulk actions above this many entries need a second person's approval.
 DLO_FOUR_EYES_THRESHOLD = env_int("DLO_FOUR_EYES_THRESHOLD", 1000)
+# …counting everything one person asked for (per action kind) within this many seconds, so
+# splitting a large action into plans under the threshold still needs the second person.
+DLO_FOUR_EYES_WINDOW_S = env_int("DLO_FOUR_EYES_WINDOW_S", 3600)
 # Alerting: /metrics without a token only from these networks; notifications of one broker
 # within this many seconds go out as one message; links in notifications start with this URL.
 METRICS_ALLOWED_NETWORKS = env_list("METRICS_ALLOWED_NETWORKS", "127.0.0.1/32,::1/128")

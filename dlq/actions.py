@@ -16,7 +16,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
-from django.db.models import F
+from django.db.models import F, Q, Sum
 from django.utils import timezone
 
 from audit.actions import Actor, EventSpec, record, record_many
@@ -36,7 +36,7 @@ from dlq.models import (
     refresh_open_counts,
 )
 from dlq.preview import ID_CHUNK, build_preview, ids_digest, ordered_ids
-from dlq.replay_models import FINISHED, RUNNABLE
+from dlq.replay_models import FINISHED, HOLDING_ITEMS, RUNNABLE
 
 log = logging.getLogger(__name__)
 
@@ -217,10 +217,11 @@ def do_create_plan(
                     "Blocked by the channel's declaration: tick the override and give its reason."
                 )
             override = bool(override and preview.blocked)
-            ids = ordered_ids(kind, selection, entries)
+            ids = _unheld(ordered_ids(kind, selection, entries))
             if not ids:
                 raise PlanRefused("None of the matching entries can be planned any more.")
-            needs_approval = override or len(ids) > settings.DLO_FOUR_EYES_THRESHOLD
+            asked = _recently_asked(kind, actor) + len(ids)
+            needs_approval = override or asked > settings.DLO_FOUR_EYES_THRESHOLD
             assert preview.channel is not None
             channel = preview.channel
             plan = ReplayPlan.objects.create(
@@ -317,6 +318,35 @@ def do_create_plan(
             raise
         return existing, False
     return plan, True
+
+
+def _unheld(ids: list[int]) -> list[int]:
+    """``ids`` minus entries another unfinished plan holds. A fresh statement after
+    ``ordered_ids`` locked the rows: a plan committed while this one waited for those locks
+    is seen here, though the locking query's own snapshot predates it."""
+    held: set[int] = set()
+    for start in range(0, len(ids), ID_CHUNK):
+        chunk = ids[start : start + ID_CHUNK]
+        held.update(
+            ReplayItem.objects.filter(entry_id__in=chunk, status__in=HOLDING_ITEMS)
+            .exclude(plan__status__in=FINISHED)
+            .values_list("entry_id", flat=True)
+        )
+    return [pk for pk in ids if pk not in held] if held else ids
+
+
+def _recently_asked(kind: str, actor: Actor) -> int:
+    """Entries ``actor`` put into plans of ``kind`` that ran without a second person, within
+    ``DLO_FOUR_EYES_WINDOW_S``: the four-eyes threshold counts what one person asked for in
+    the window, so a large action split into small plans still needs an approval."""
+    since = timezone.now() - dt.timedelta(seconds=settings.DLO_FOUR_EYES_WINDOW_S)
+    mine = (
+        Q(requested_by_id=actor.user_id)
+        if actor.user_id is not None
+        else Q(requested_by_id__isnull=True, requested_by_username=actor.username)
+    )
+    plans = ReplayPlan.objects.filter(mine, kind=kind, created_at__gte=since, needs_approval=False)
+    return int(plans.exclude(status=PlanStatus.CANCELLED).aggregate(n=Sum("total"))["n"] or 0)
 
 
 DISCARD_INLINE = 1_000  # larger discards run in the worker, in batches

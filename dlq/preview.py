@@ -149,10 +149,24 @@ def replay_target(channel: Channel) -> Address | None:
     return Address(channel.address)
 
 
+def held_by_open_plans() -> Exists:
+    """An entry an unfinished plan still holds (see ``HOLDING_ITEMS``), for ``~`` filters."""
+    from dlq.replay_models import FINISHED, HOLDING_ITEMS
+
+    return Exists(
+        ReplayItem.objects.filter(entry=OuterRef("pk"), status__in=HOLDING_ITEMS).exclude(
+            plan__status__in=FINISHED
+        )
+    )
+
+
 def eligible_entries(kind: str, entries: QuerySet[DeadLetter]) -> QuerySet[DeadLetter]:
+    """Entries a new plan may take: one open plan per entry at a time."""
     if kind == PlanKind.DISCARD:
-        return entries.exclude(status__in=[Status.DISCARDED, Status.REPLAYING])
-    return entries.exclude(status=Status.REPLAYING).filter(purged_at__isnull=True)
+        chosen = entries.exclude(status__in=[Status.DISCARDED, Status.REPLAYING])
+    else:
+        chosen = entries.exclude(status=Status.REPLAYING).filter(purged_at__isnull=True)
+    return chosen.filter(~held_by_open_plans())
 
 
 def _version_key(value: str) -> tuple[int, ...] | None:
@@ -376,12 +390,21 @@ def build_preview(kind: str, selection: Selection, entries: QuerySet[DeadLetter]
             result.excluded = {
                 "already discarded": chosen.filter(status=Status.DISCARDED).count(),
                 "being replayed": chosen.filter(status=Status.REPLAYING).count(),
+                "in another open plan": chosen.exclude(
+                    status__in=[Status.DISCARDED, Status.REPLAYING]
+                )
+                .filter(held_by_open_plans())
+                .count(),
             }
         else:
             result.excluded = {
                 "being replayed": chosen.filter(status=Status.REPLAYING).count(),
                 "payload purged": chosen.exclude(status=Status.REPLAYING)
                 .filter(purged_at__isnull=False)
+                .count(),
+                "in another open plan": chosen.exclude(status=Status.REPLAYING)
+                .filter(purged_at__isnull=True)
+                .filter(held_by_open_plans())
                 .count(),
             }
         result.excluded = {k: v for k, v in result.excluded.items() if v}

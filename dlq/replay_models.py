@@ -51,6 +51,11 @@ class ItemStatus(models.TextChoices):
     SKIPPED = "skipped", "Skipped (entry changed state)"
 
 
+# An item in one of these states, of a plan not finished, holds its entry: no other plan may
+# take the entry (a discard awaiting approval reserves its entries as a replay does).
+HOLDING_ITEMS = (ItemStatus.PENDING, ItemStatus.SENDING)
+
+
 class ReplayPlan(models.Model):
     """One frozen bulk action (replay or discard) over an exact set of entries of one channel."""
 
