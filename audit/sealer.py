@@ -22,6 +22,7 @@ Who seals (``DLO_AUDIT_SEALER``):
 
 from __future__ import annotations
 
+import atexit
 import datetime as dt
 import logging
 import os
@@ -159,6 +160,8 @@ def wake() -> None:
     with _thread_lock:
         pid = os.getpid()
         if _thread is None or _thread[0] != pid or not _thread[1].is_alive():
+            if _thread is None or _thread[0] != pid:
+                atexit.register(_seal_at_exit)
             thread = threading.Thread(target=_run, name="dlo-audit-sealer", daemon=True)
             _thread = (pid, thread)
             thread.start()
@@ -189,6 +192,15 @@ def _seal_and_checkpoint() -> None:
         write_checkpoint()
     except (CheckpointError, HeadMissing) as exc:
         log.warning("audit checkpoint after a burst not written: %s", exc)
+
+
+def _seal_at_exit() -> None:
+    """A short-lived process (a management command) seals what it recorded before it exits,
+    rather than leaving it to the periodic job."""
+    try:
+        seal(wait=True)
+    except Exception:
+        log.exception("sealing audit events at exit failed; the periodic job will")
 
 
 def _run() -> None:
