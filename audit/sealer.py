@@ -26,6 +26,7 @@ import atexit
 import datetime as dt
 import logging
 import os
+import sys
 import threading
 import time
 from typing import Any
@@ -135,6 +136,7 @@ def _apply(ids: list[int], seqs: list[int], prevs: list[str], hashes: list[str])
 
 _wake = threading.Event()
 _checkpoint_wanted = threading.Event()
+_sealing = threading.Event()
 _thread_lock = threading.Lock()
 _thread: tuple[int, threading.Thread] | None = None
 
@@ -196,11 +198,13 @@ def _seal_and_checkpoint() -> None:
 
 def _seal_at_exit() -> None:
     """A short-lived process (a management command) seals what it recorded before it exits,
-    rather than leaving it to the periodic job."""
+    rather than leaving it to the periodic job (only when its thread has not yet)."""
+    if not _wake.is_set() and not _sealing.is_set():
+        return
     try:
         seal(wait=True)
-    except Exception:
-        log.exception("sealing audit events at exit failed; the periodic job will")
+    except Exception as exc:  # the periodic job seals it; logging may be shut down already
+        print(f"audit: sealing at exit failed ({exc}); the periodic job will", file=sys.stderr)
 
 
 def _run() -> None:
@@ -208,6 +212,7 @@ def _run() -> None:
         _wake.wait()
         time.sleep(WAKE_DELAY_S)
         _wake.clear()
+        _sealing.set()
         try:
             if _checkpoint_wanted.is_set():
                 _checkpoint_wanted.clear()
@@ -218,6 +223,7 @@ def _run() -> None:
             log.exception("sealing audit events failed; the periodic job retries")
         finally:
             connection.close()  # idle between bursts: hold no connection
+            _sealing.clear()
 
 
 STATUS_LIMIT = 100_000  # the count shown stops here (a bounded read of the partial index)
