@@ -11,9 +11,13 @@ In a fresh PostgreSQL database, in one run:
    one transaction that records its event and then does ``BENCH_ACTION_MS`` of other work
    (default 2 ms, as an action's own UPDATE and round trips would) before committing — the
    time the head lock used to be held.
-3. ``audit verify`` of ``BENCH_VERIFY_EVENTS`` (default 1,000,000) events made by the real
-   ``record_many`` and sealed by the real sealer, against a signed checkpoint, with the
+3. The real sealer over a burst of ``BENCH_SEAL_EVENTS`` (default 20,000) unsealed events.
+4. ``audit verify`` of ``BENCH_VERIFY_EVENTS`` (default 1,000,000) events, stored exactly as
+   ``record_many`` and the sealer store them (the same builder and hashes, written by COPY in
+   their sealed form so the set-up takes minutes), against a signed checkpoint, with the
    process's peak memory before and after the walk.
+
+``BENCH_PARTS=4`` runs only part 4, and so on.
 
 Everything is dropped afterwards. Loopback only. Quote ``uptime`` with the figures.
 """
@@ -35,6 +39,8 @@ VERIFY_EVENTS = int(os.environ.get("BENCH_VERIFY_EVENTS", "1000000"))
 SINGLE = int(os.environ.get("BENCH_RECORDS", "2000"))
 PER_WRITER = int(os.environ.get("BENCH_PER_WRITER", "300"))
 ACTION_S = float(os.environ.get("BENCH_ACTION_MS", "2")) / 1000
+SEAL_EVENTS = int(os.environ.get("BENCH_SEAL_EVENTS", "20000"))
+PARTS = os.environ.get("BENCH_PARTS", "1234")  # which numbered parts to run
 DB = f"bench_audit_{uuid.uuid4().hex[:8]}"
 
 
@@ -159,52 +165,100 @@ def concurrent(mode: str) -> None:
         )
 
 
-def verify_million() -> None:
-    from django.conf import settings
-    from django.db import transaction
+def _spec(n: int) -> Any:
+    from audit.actions import EventSpec
 
-    from audit.actions import Actor, EventSpec, record_many, verify_chain
-    from audit.checkpoints import write_checkpoint
-    from audit.models import AuditEvent
+    return EventSpec(
+        "dlq.replay.request", "dlq.deadletter", n, f"dead letter #{n}", "orders",
+        reason="bench", after={"plan": 42, "item": n, "w": 1.5e300},
+    )  # fmt: skip
+
+
+def sealing_rate() -> None:
+    """The real sealer over a burst of ``SEAL_EVENTS`` unsealed events (one record_many)."""
+    from django.conf import settings
+    from django.db import connection, transaction
+
+    from audit.actions import Actor, record_many
     from audit.sealer import seal
 
     settings.DLO_AUDIT_SEALER = "off"
-    have = AuditEvent.objects.count()
-    start = time.perf_counter()
-    batch = 10_000
-    made = have
-    while made < VERIFY_EVENTS:
-        n = min(batch, VERIFY_EVENTS - made)
-        specs = [
-            EventSpec(
-                "dlq.replay.request",
-                "dlq.deadletter",
-                made + i,
-                f"dead letter #{made + i}",
-                "orders",
-                reason="bench",
-                after={"plan": 42, "item": made + i, "w": 1.5e300},
-            )  # fmt: skip
-            for i in range(n)
-        ]
-        with transaction.atomic():
-            record_many(specs, actor=Actor(1, "bench"))
-        made += n
-    made_s = time.perf_counter() - start
+    with transaction.atomic():
+        record_many([_spec(n) for n in range(SEAL_EVENTS)], actor=Actor(1, "bench"))
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE audit_auditevent")
     start = time.perf_counter()
     sealed = seal()
-    seal_s = time.perf_counter() - start
-    write_checkpoint(force=True)
-    print(
-        f"  made {made - have} events with record_many in {made_s:.1f} s; sealed {sealed} in "
-        f"{seal_s:.1f} s ({sealed / seal_s:.0f} events/s)"
+    elapsed = time.perf_counter() - start
+    print(f"  sealed a burst of {sealed} events in {elapsed:.1f} s ({sealed / elapsed:.0f}/s)")
+
+
+def _sealed_rows(first_seq: int, count: int, prev: str, frontier: Any) -> tuple[list[Any], str]:
+    """Rows exactly as record_many + the sealer store them (same builder, same hashes)."""
+    from django.utils import timezone
+
+    from audit.actions import Actor, _event_fields
+    from audit.chain import chain_hash, leaf_hash
+
+    rows = []
+    now = timezone.now()
+    for n in range(first_seq, first_seq + count):
+        spec = _spec(n)
+        fields = _event_fields(
+            now=now, actor=Actor(1, "bench"), action=spec.action, target_type=spec.target_type,
+            target_id=spec.target_id, target_repr=spec.target_repr,
+            channel_slug=spec.channel_slug, reason=spec.reason, before=None, after=spec.after,
+            changes=None, outcome=spec.outcome,
+        )  # fmt: skip
+        leaf = leaf_hash(fields["index_json"], fields["detail_json"])
+        digest = chain_hash(prev, leaf)
+        frontier.append(leaf)
+        fields.update(seq=n, prev_hash=prev, hash=digest)
+        rows.append(fields)
+        prev = digest
+    return rows, prev
+
+
+def verify_million() -> None:
+    """``VERIFY_EVENTS`` sealed events stored as the sealer stores them (written by COPY
+    straight in their sealed form, so the set-up takes minutes, not the sealer's time), a
+    signed checkpoint, then the timed ``audit verify`` walk."""
+    from django.conf import settings
+    from django.db import connection, transaction
+    from django.utils import timezone
+
+    from audit import triggers
+    from audit.actions import _copy_events, verify_chain
+    from audit.chain import MerkleFrontier
+    from audit.checkpoints import write_checkpoint
+    from audit.models import AuditEvent, AuditHead
+    from audit.sealer import seal
+
+    settings.DLO_AUDIT_SEALER = "off"
+    seal()
+    head = AuditHead.objects.get(pk=1)
+    frontier, prev, seq = MerkleFrontier.loads(head.frontier), head.hash, head.seq
+    start = time.perf_counter()
+    while seq < VERIFY_EVENTS:
+        n = min(20_000, VERIFY_EVENTS - seq)
+        rows, prev = _sealed_rows(seq + 1, n, prev, frontier)
+        with transaction.atomic():
+            _copy_events(rows)
+        seq += n
+    AuditHead.objects.filter(pk=1).update(
+        seq=seq, hash=prev, frontier=frontier.dumps(), sealed_at=timezone.now()
     )
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE audit_auditevent")
+    triggers.install(connection)
+    write_checkpoint(force=True)
+    print(f"  stored {AuditEvent.objects.count()} events in {time.perf_counter() - start:.0f} s")
     rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     start = time.perf_counter()
     result = verify_chain(checkpoint_dir=settings.DLO_AUDIT_CHECKPOINT_DIR)
     elapsed = time.perf_counter() - start
     rss_after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    print(f"  audit verify: {result.summary()[:90]}")
+    print(f"  audit verify: {result.summary()[:100]}")
     print(
         f"  verified {result.events} events in {elapsed:.1f} s "
         f"({result.events / elapsed:.0f}/s); checkpoint #{result.checkpoints_matched} "
@@ -217,14 +271,20 @@ def main() -> None:
         setup_django(Path(tmp))
         try:
             print(f"load: {os.getloadavg()}")
-            print("1. record() throughput (checkpoint written every 0.5 s meanwhile)")
-            for mode in ("inline", "thread"):
-                single_writer(mode)
-            print(f"2. audited actions ({ACTION_S * 1000:.0f} ms of work in each transaction)")
-            for mode in ("inline", "thread"):
-                concurrent(mode)
-            print(f"3. verify {VERIFY_EVENTS} events")
-            verify_million()
+            if "1" in PARTS:
+                print("1. record() throughput (checkpoint written every 0.5 s meanwhile)")
+                for mode in ("inline", "thread"):
+                    single_writer(mode)
+            if "2" in PARTS:
+                print(f"2. audited actions ({ACTION_S * 1000:.0f} ms of work per transaction)")
+                for mode in ("inline", "thread"):
+                    concurrent(mode)
+            if "3" in PARTS:
+                print("3. the sealer")
+                sealing_rate()
+            if "4" in PARTS:
+                print(f"4. verify {VERIFY_EVENTS} events")
+                verify_million()
             print(f"load: {os.getloadavg()}")
         finally:
             from django.db import connections
