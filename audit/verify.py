@@ -202,7 +202,8 @@ def verify_log(
             break
         matched = cp.number
     pending = [cp for cp in pending if cp.number > matched]
-    if bad_copy is not None and (result.ok or bad_copy <= (result.first_bad_seq or bad_copy)):
+    first_bad = result.first_bad_seq
+    if bad_copy is not None and (result.ok or first_bad is None or bad_copy < first_bad):
         return VerifyResult(
             False, walk.count, walk.last_seq, walk.last_hash, bad_copy,
             "the event's searchable columns differ from its hashed record: the event was "

@@ -137,7 +137,7 @@ def test_modified_hashed_text_is_named(anchored: Path) -> None:
     )
     result = verify(anchored)
     assert not result.ok and result.first_bad_seq == 4
-    assert "the event was modified" in result.problem
+    assert "stored hash does not match the event's contents" in result.problem
 
 
 def test_deleted_event_is_named(anchored: Path) -> None:
