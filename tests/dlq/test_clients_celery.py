@@ -215,11 +215,11 @@ def test_quorum_delivery_limit_death_counts_the_deliveries_not_one(
     connection.close()
     assert _depth(dlq) == 1
 
-    monkeypatch.setenv("DLO_TEST_CELERY_RABBIT", AMQP_URL)
+    monkeypatch.setenv("DLO_BROKER_TEST_CELERY_RABBIT", AMQP_URL)
     broker = make_broker(
         name="rabbit",
         kind=BrokerKind.RABBITMQ,
-        url_env="DLO_TEST_CELERY_RABBIT",
+        url_env="DLO_BROKER_TEST_CELERY_RABBIT",
         management_url="http://127.0.0.1:15672",
     )
     declared = make_channel(broker, address=work, dlq_address=dlq, poison_address="")
