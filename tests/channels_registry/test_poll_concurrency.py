@@ -63,7 +63,7 @@ def brokers(
         client.ping()
     except redis.RedisError as exc:
         broker_required("Redis", exc)
-    settings.DLO_BROKER_TIMEOUT_S = 2.0
+    settings.DLO_BROKER_TIMEOUT_S = 5.0  # the hung broker holds out this long
     stream = f"dlo-hung-{uuid.uuid4().hex[:8]}"
     client.xadd(stream, {"body": b"x"})
     client.xgroup_create(stream, "g", id="0")
