@@ -80,6 +80,7 @@ T = TypeVar("T")
 
 API = "$JS.API"
 ADVISORY_STREAM = "DLO_ADVISORIES"
+DRAIN_SUFFIXES = ("_md", "_term")  # one drain consumer per advisory kind
 MAX_DELIVERIES_PREFIX = "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES"
 TERMINATED_PREFIX = "$JS.EVENT.ADVISORY.CONSUMER.MSG_TERMINATED"
 ADVISORY_SUBJECTS = [f"{MAX_DELIVERIES_PREFIX}.>", f"{TERMINATED_PREFIX}.>"]
@@ -87,6 +88,7 @@ LIST_PAGE = 256  # JetStream's page size for STREAM.LIST / CONSUMER.LIST
 JSZ_PAGE = 1024  # accounts per /jsz page (the server's default limit)
 PUBLISH_WINDOW = 256
 _VALID_SCHEMES = {"nats", "tls", "ws", "wss"}
+_STREAM_NAME = re.compile(r"[^.*>\s]+")  # what JetStream accepts as a stream name
 _HEADER_NAME = re.compile(r"^[!-9;-~]+$")  # printable ASCII except ':' (RFC 7230 token-ish)
 
 
@@ -227,7 +229,7 @@ def _death_key(stream: str, stream_seq: int, advisory: dict[str, Any], advisory_
     return key
 
 
-def _drain_consumer_name(address: Address, installation: str = "") -> str:
+def drain_consumer_name(address: Address, installation: str = "") -> str:
     """``dlo_<installation>_<stream>_<consumer>``: one set of drain consumers per dashboard
     installation, so two dashboards on one account each see every advisory. Without an
     installation id: the name used before ids existed (the legacy consumer)."""
@@ -532,6 +534,10 @@ class NatsJetStreamAdapter(BrokerAdapter):
             keep_streams(page)
         # 2. Wanted but unseen (deleted, or the list was cut at max_pages or shifted while
         #    paging): ask for each one so that exists=False is a fact, not an artefact.
+        #    A name JetStream cannot have (".", "*", ">", spaces: "orders.poison") does not
+        #    exist either; asking would be a request nobody answers, a timeout for the poll.
+        invalid = {n for n in wanted - streams.keys() if not _STREAM_NAME.fullmatch(n)}
+        streams.update(dict.fromkeys(invalid))
         unseen = sorted(wanted - streams.keys())
         for name, response in zip(
             unseen,
@@ -817,13 +823,14 @@ class NatsDrainSession(_LoopSession, DrainSession):
 
     def __init__(self, adapter: NatsJetStreamAdapter, address: Address) -> None:
         self.address = address
-        durable = _drain_consumer_name(address, adapter.installation_id)
-        legacy = _drain_consumer_name(address) if adapter.installation_id else ""
+        durable = drain_consumer_name(address, adapter.installation_id)
+        legacy = drain_consumer_name(address) if adapter.installation_id else ""
         target = f"{address.name}.{address.group or '*'}"
+        md, term = DRAIN_SUFFIXES
         # (durable, filter subject, the pre-installation-id durable it takes over from)
         self.consumers = [
-            (f"{durable}_md", f"{MAX_DELIVERIES_PREFIX}.{target}", legacy and f"{legacy}_md"),
-            (f"{durable}_term", f"{TERMINATED_PREFIX}.{target}", legacy and f"{legacy}_term"),
+            (durable + md, f"{MAX_DELIVERIES_PREFIX}.{target}", legacy and legacy + md),
+            (durable + term, f"{TERMINATED_PREFIX}.{target}", legacy and legacy + term),
         ]
         self._outstanding: dict[int, Msg] = {}
         self._buffer: list[Msg] = []  # delivered to us, not yet handed out by fetch

@@ -40,6 +40,7 @@ from django.utils import timezone
 
 from brokers import get_adapter
 from brokers.base import Address, BrokerError, ChannelStats, PollResult, Topology, scrub
+from brokers.nats_jetstream import ADVISORY_STREAM, DRAIN_SUFFIXES, drain_consumer_name
 from channels_registry import health, observed
 from channels_registry.models import (
     Broker,
@@ -50,6 +51,7 @@ from channels_registry.models import (
     ChannelHealth,
     ChannelRollup,
     ChannelSample,
+    installation_id,
 )
 
 log = logging.getLogger(__name__)
@@ -113,10 +115,12 @@ class ChannelAddresses:
         return [self.main, *self.dlq, *self.poison]
 
 
-def channel_addresses(channel: Channel, kind: str) -> ChannelAddresses:
+def channel_addresses(channel: Channel, kind: str, installation: str = "") -> ChannelAddresses:
     """The addresses sampled for one channel. Redis dead-letter streams are sampled through the
     dashboard's drain group (what is not ingested yet) and as a plain stream (fallback before
-    that group exists); other brokers sample the DLQ queue/stream itself."""
+    that group exists); a NATS channel capturing advisories through this installation's two
+    drain consumers on DLO_ADVISORIES (what is not ingested yet); other brokers sample the DLQ
+    queue/stream itself."""
 
     def dead(name: str) -> tuple[Address, ...]:
         if not name:
@@ -125,17 +129,27 @@ def channel_addresses(channel: Channel, kind: str) -> ChannelAddresses:
             return (Address(name, REDIS_DRAIN_GROUP), Address(name))
         return (Address(name),)
 
+    dlq = dead(channel.dlq_address)
+    if kind == BrokerKind.NATS and channel.nats_advisory_capture:
+        durable = drain_consumer_name(Address(channel.address, channel.address_group), installation)
+        dlq = (*(Address(ADVISORY_STREAM, durable + s) for s in DRAIN_SUFFIXES), *dlq)
     return ChannelAddresses(
-        Address(channel.address, channel.address_group),
-        dead(channel.dlq_address),
-        dead(channel.poison_address),
+        Address(channel.address, channel.address_group), dlq, dead(channel.poison_address)
     )
 
 
 def dead_letter_depth(
     addresses: Sequence[Address], stats: dict[Address, ChannelStats]
 ) -> tuple[int | None, float | None]:
-    """(depth, oldest age) of a dead-letter address; the first address that exists wins."""
+    """(depth, oldest age) of a dead-letter address; the first address that exists wins. NATS
+    advisory capture is two drain consumers: their waiting advisories add up."""
+    captured = [a for a in addresses if a.name == ADVISORY_STREAM and a.group]
+    if captured:
+        samples = [stats.get(a) for a in captured]
+        if all(s is not None and s.exists and s.backlog is not None for s in samples):
+            known = [s for s in samples if s is not None]
+            return sum((s.backlog or 0) + (s.in_flight or 0) for s in known), None
+        addresses = [a for a in addresses if a not in captured]
     for address in addresses:
         sample = stats.get(address)
         if sample is None or not sample.exists:
@@ -157,7 +171,9 @@ def missing_dead_letters(
     """Declared DLQ / poison addresses that the broker says do not exist (every form of the
     address sampled, so a Redis stream without the drain group yet is not "missing")."""
     missing = []
-    for group in (addresses.dlq, addresses.poison):
+    for declared in (addresses.dlq, addresses.poison):
+        # NATS drain consumers appear with the first ingest: their absence is not a missing DLQ.
+        group = [a for a in declared if a.name != ADVISORY_STREAM]
         samples = [stats.get(a) for a in group]
         if group and all(s is not None and not s.exists for s in samples):
             missing.append(group[0].name)
@@ -222,7 +238,8 @@ def _begin(broker_id: int, *, force: bool) -> _Poll | PollOutcome:
         return PollOutcome(broker.name, skipped)
     state = BrokerPollState.objects.get(pk=broker.pk)
     channels = list(broker.channels.filter(enabled=True).order_by("pk"))
-    addresses = {c.pk: channel_addresses(c, broker.kind) for c in channels}
+    installation = installation_id() if broker.kind == BrokerKind.NATS else ""
+    addresses = {c.pk: channel_addresses(c, broker.kind, installation) for c in channels}
     return _Poll(broker, state, token, channels, addresses, now, started)
 
 
@@ -358,7 +375,7 @@ def _store(
         row = existing.get(channel.pk) or ChannelHealth(channel=channel)
         before = _display_key(row)
         stored = unresolved.get(channel.pk)
-        has_dead = bool(channel.dlq_address or channel.poison_address)
+        has_dead = bool(channel.has_dlq or channel.poison_address)
         row.dlq_unresolved = (stored.dlq if stored else 0) if has_dead else None
         row.poison_unresolved = (stored.poison if stored else 0) if has_dead else None
         if result is None:

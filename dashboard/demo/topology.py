@@ -24,7 +24,7 @@ import httpx
 from audit.actions import Actor
 from brokers import get_adapter
 from brokers.base import Address, BrokerError
-from brokers.nats_jetstream import ADVISORY_STREAM, _drain_consumer_name
+from brokers.nats_jetstream import ADVISORY_STREAM, drain_consumer_name
 from channels_registry.actions import do_save_broker, do_save_channel
 from channels_registry.models import Broker, BrokerKind, Channel, redact_url
 from dashboard.demo.consumers import nats_connect
@@ -479,7 +479,7 @@ def _nats_delete(url: str, names: Names, timeout: float) -> None:
             with contextlib.suppress(nats.js.errors.NotFoundError):
                 await js.delete_stream(name)
         # The dashboard's drain consumers for this channel on its advisory stream.
-        durable = _drain_consumer_name(Address(names.address, names.group), installation)
+        durable = drain_consumer_name(Address(names.address, names.group), installation)
         for suffix in ("_md", "_term"):
             with contextlib.suppress(nats.js.errors.NotFoundError):
                 await js.delete_consumer(ADVISORY_STREAM, durable + suffix)

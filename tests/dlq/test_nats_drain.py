@@ -4,6 +4,7 @@ consumers per installation, bounded ack wait, and a stalled drain made visible."
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import uuid
 from collections.abc import Callable, Iterator
@@ -13,7 +14,7 @@ import pytest
 from nats.js.api import AckPolicy, ConsumerConfig
 
 from brokers.base import Address, DeadLetter
-from brokers.nats_jetstream import ADVISORY_STREAM, NatsJetStreamAdapter, _drain_consumer_name
+from brokers.nats_jetstream import ADVISORY_STREAM, NatsJetStreamAdapter, drain_consumer_name
 from channels_registry.models import BrokerKind, Channel, ChannelHealth, installation_id
 from channels_registry.polling import do_poll_broker
 from dlq import ingest
@@ -107,7 +108,7 @@ def test_two_installations_on_one_account_each_see_every_advisory(stream: str) -
     second = _drain_all(two, address, 5)
     assert len(first) == len(second) == 5
     assert {x.dedupe_key for x in first} == {x.dedupe_key for x in second}
-    assert _drain_consumer_name(address, "inst-one") != _drain_consumer_name(address, "inst-two")
+    assert drain_consumer_name(address, "inst-one") != drain_consumer_name(address, "inst-two")
 
 
 def test_a_new_installation_id_takes_over_from_the_legacy_consumer_without_rereading(
@@ -136,7 +137,7 @@ def test_drain_consumers_have_bounded_ack_wait_and_max_ack_pending(stream: str) 
     new.drain(address).__enter__().close()  # binding brings the bounds up to date
 
     async def configs(nc: Any) -> list[Any]:
-        durable = _drain_consumer_name(address, "inst-bounds")
+        durable = drain_consumer_name(address, "inst-bounds")
         js = nc.jetstream()
         return [
             (await js.consumer_info(ADVISORY_STREAM, durable + s)).config for s in ("_md", "_term")
@@ -212,3 +213,35 @@ def test_advisory_capture_is_the_nats_channels_dead_letter_declaration() -> None
     rabbit = make_broker(name="rabbit")
     with pytest.raises(ValidationError, match="NATS JetStream only"):
         make_channel(rabbit, slug="r", nats_advisory_capture=True)
+
+
+@pytest.mark.django_db
+def test_a_capturing_channels_dlq_depth_is_what_waits_on_its_drain_consumers(
+    stream: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("DLO_TEST_CAP_NATS", NATS_URL)
+    broker = make_broker(name="nats", kind=BrokerKind.NATS, url_env="DLO_TEST_CAP_NATS")
+    channel = make_channel(
+        broker,
+        address=stream,
+        address_group="app",
+        dlq_address="",
+        poison_address="",
+        nats_advisory_capture=True,
+    )
+    assert (
+        do_poll_broker(broker.pk).status == "ok"
+    )  # before the first ingest: unknown, and not "missing"
+    health = ChannelHealth.objects.get(channel=channel)
+    assert health.dlq_depth is None
+    # The drain consumers come with the first ingest: their absence is no "missing DLQ".
+    assert ADVISORY_STREAM not in json.dumps(health.observed_findings)
+    ingest.adapter_for(channel).prepare_drain(Address(stream, "app"))
+    assert do_ingest_channel(channel.pk).fetched == 0  # creates the drain consumers
+    _terminate(stream, 3)
+    outcome = do_poll_broker(broker.pk)
+    assert outcome.status == "ok", outcome.errors
+    assert ChannelHealth.objects.get(channel=channel).dlq_depth == 3
+    assert do_ingest_channel(channel.pk).inserted == 3
+    do_poll_broker(broker.pk)
+    assert ChannelHealth.objects.get(channel=channel).dlq_depth == 0

@@ -20,7 +20,7 @@ import redis
 from django.contrib.auth.models import User
 
 from brokers.base import Address, BrokerError
-from brokers.nats_jetstream import NatsDrainSession
+from brokers.nats_jetstream import ADVISORY_STREAM, NatsDrainSession
 from brokers.rabbitmq import RabbitMQDrainSession
 from brokers.redis_streams import RedisDrainSession
 from channels_registry.models import BrokerKind, Channel
@@ -236,7 +236,11 @@ class NatsRig(Rig):
 
     def close(self) -> None:
         async def work(nc: Any) -> None:
-            await nc.jetstream().delete_stream(self.stream)
+            js = nc.jetstream()
+            await js.delete_stream(self.stream)
+            for info in await js.consumers_info(ADVISORY_STREAM):  # our drain consumers
+                if self.stream in info.name:
+                    await js.delete_consumer(ADVISORY_STREAM, info.name)
 
         _nats(work)
 
