@@ -219,8 +219,8 @@ def test_advisory_capture_is_the_nats_channels_dead_letter_declaration() -> None
 def test_a_capturing_channels_dlq_depth_is_what_waits_on_its_drain_consumers(
     stream: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("DLO_TEST_CAP_NATS", NATS_URL)
-    broker = make_broker(name="nats", kind=BrokerKind.NATS, url_env="DLO_TEST_CAP_NATS")
+    monkeypatch.setenv("DLO_BROKER_TEST_CAP_NATS", NATS_URL)
+    broker = make_broker(name="nats", kind=BrokerKind.NATS, url_env="DLO_BROKER_TEST_CAP_NATS")
     channel = make_channel(
         broker,
         address=stream,
