@@ -14,7 +14,7 @@ import redis
 
 from tests.dlq.services import ProcDb, output, own_nats, own_redis, proc_db, wait_until
 
-pytestmark = [pytest.mark.slow, pytest.mark.broker, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.slow, pytest.mark.broker, pytest.mark.timeout(600)]
 __all__ = ["proc_db"]  # the module-scoped fixture
 
 REDIS_URL = os.environ.get("DLO_TEST_LAYER_REDIS_URL", "redis://127.0.0.1:6379/0")
@@ -104,28 +104,28 @@ def test_long_running_ingest_and_poll_ride_out_database_and_broker_outages(
 
     try:
         dead_letter(50)
-        wait_until(lambda: _rows(proc_db, slug) == 50, 60, "the first 50 entries")
+        wait_until(lambda: _rows(proc_db, slug) == 50, 120, "the first 50 entries")
         # 1. PostgreSQL goes away (connections terminated, new ones refused) and comes back.
         proc_db.cut()
         dead_letter(50)
-        wait_until(lambda: said("ingest", "database unavailable"), 60, "ingest to notice")
-        wait_until(lambda: said("poll", "database unavailable"), 60, "poll to notice")
+        wait_until(lambda: said("ingest", "database unavailable"), 120, "ingest to notice")
+        wait_until(lambda: said("poll", "database unavailable"), 120, "poll to notice")
         proc_db.restore()
-        wait_until(lambda: _rows(proc_db, slug) == 100, 90, "ingest after the database outage")
+        wait_until(lambda: _rows(proc_db, slug) == 100, 180, "ingest after the database outage")
         before = samples()
-        wait_until(lambda: samples() > before, 60, "poll after the database outage")
+        wait_until(lambda: samples() > before, 180, "poll after the database outage")
         # 2. The broker is killed (kill -9) and restarted on the same port.
         server.kill()
         client.close()
-        wait_until(lambda: said("ingest", "broker unavailable"), 60, "ingest to notice")
-        wait_until(lambda: re.search(rf"{slug}: failed, \d+ channel", logs["poll"].read_text()), 60,
-                   "poll to notice")  # fmt: skip
+        wait_until(lambda: said("ingest", "broker unavailable"), 120, "ingest to notice")
+        failed = re.compile(rf"{slug}: failed, \d+ channel")
+        wait_until(lambda: failed.search(logs["poll"].read_text()), 120, "poll to notice")
         server.start()
         client = redis.Redis.from_url(url, socket_timeout=5)
         dead_letter(50)
-        wait_until(lambda: _rows(proc_db, slug) == 150, 120, "ingest after the broker outage")
+        wait_until(lambda: _rows(proc_db, slug) == 150, 240, "ingest after the broker outage")
         before = samples()
-        wait_until(lambda: samples() > before, 90, "poll after the broker outage")
+        wait_until(lambda: samples() > before, 180, "poll after the broker outage")
     finally:
         for proc in (ingest, poll):
             if proc.poll() is None:
