@@ -32,7 +32,7 @@ import time
 from typing import Any
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import DatabaseError, InterfaceError, connection, transaction
 from django.utils import timezone
 
 from audit.chain import GENESIS, MerkleFrontier, chain_hash, leaf_hash
@@ -219,6 +219,9 @@ def _run() -> None:
                 _seal_and_checkpoint()
             else:
                 seal()
+        except (DatabaseError, InterfaceError) as exc:  # an outage: one line, no traceback
+            first = (str(exc).strip().splitlines() or [""])[0]
+            log.warning("sealing audit events failed (%s); the periodic job retries", first)
         except Exception:
             log.exception("sealing audit events failed; the periodic job retries")
         finally:
