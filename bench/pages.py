@@ -132,10 +132,10 @@ def make_data() -> dict[str, Any]:
             f"""
             INSERT INTO {FailureGroup._meta.db_table}
                 (channel_id, fingerprint, reason, error_class, normalized_error, count,
-                 open_count, first_seen, last_seen)
+                 open_count, first_seen, last_seen, message_type)
             SELECT c.id, md5(c.id::text || ':' || k), (ARRAY{reasons!r})[k + 1],
                    (ARRAY{classes!r})[k + 1], 'error <n> while booking order <str>', 0, 0,
-                   to_timestamp(%s - 86400), to_timestamp(%s)
+                   to_timestamp(%s - 86400), to_timestamp(%s), ''
             FROM {Channel._meta.db_table} c, generate_series(0, {GROUPS_PER_CHANNEL - 1}) k
             """,
             [now, now],
@@ -153,7 +153,8 @@ def make_data() -> dict[str, Any]:
                  headers, properties, reason, error_class, error_message, redelivery_count,
                  first_death_queue, first_death_exchange, dead_lettered_at, ingested_at,
                  idempotency_key, missing_idempotency_key, schema_version, is_parseable,
-                 death_history, group_id, generation, search_text)
+                 death_history, group_id, generation, search_text, message_type, job,
+                 schema_error)
             SELECT ch.id, CASE WHEN (s.i / {CHANNELS}) %% 20 = 7 THEN 'poison' ELSE 'dlq' END,
                    CASE WHEN (s.i / {CHANNELS}) %% 10 = 3 THEN 'discarded' ELSE 'new' END,
                    'bench:' || s.i,
@@ -167,7 +168,7 @@ def make_data() -> dict[str, Any]:
                    'error ' || (s.i %% 7) || ' while booking order ''ord-' || s.i || '''',
                    s.i %% 5, 'bench.queue', '', to_timestamp(%s - (s.i %% 86400)),
                    to_timestamp(%s), 'key-' || s.i, false, '1', true, '[]'::jsonb, g_row.id,
-                   0, 'order ord-' || s.i
+                   0, 'order ord-' || s.i, '', '{{}}'::jsonb, '{{}}'::jsonb
             FROM generate_series(1, {ENTRIES}) s(i)
             JOIN ch ON ch.n = s.i %% {CHANNELS}
             JOIN g g_row ON g_row.channel_id = ch.id AND g_row.k = (s.i / {CHANNELS}) %% 5

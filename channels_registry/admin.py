@@ -85,6 +85,8 @@ class BrokerAdmin(admin.ModelAdmin):
     def save_model(self, request: HttpRequest, obj: Broker, form: Any, change: bool) -> None:
         before = Broker.objects.get(pk=obj.pk).audit_snapshot() if change else None
         do_save_broker(obj, actor=Actor.from_request(request), before=before)
+        for problem in obj.config_problems():
+            messages.warning(request, f"Broker {obj.name}: {problem}")
 
     def delete_model(self, request: HttpRequest, obj: Broker) -> None:
         do_delete_broker(obj, actor=Actor.from_request(request))
@@ -111,10 +113,10 @@ class ChannelAdmin(admin.ModelAdmin):
     list_filter = ["broker", "owner_team", "semantic", "enabled"]
     search_fields = ["name", "slug", "address", "owner_team"]
     prepopulated_fields = {"slug": ["name"]}
-    readonly_fields = ["declaration_findings"]
+    readonly_fields = ["declaration_findings", "observed_findings"]
     inlines = [RuleOverrideInline]
     fieldsets = [
-        ("Findings", {"fields": ["declaration_findings"]}),
+        ("Findings", {"fields": ["declaration_findings", "observed_findings"]}),
         (
             "Channel",
             {
@@ -223,6 +225,25 @@ class ChannelAdmin(admin.ModelAdmin):
             return render_preset()
         return render_findings(obj.findings)
 
+    @admin.display(description="Declared vs observed")
+    def observed_findings(self, obj: Channel | None) -> SafeString:
+        """What the last read of the broker's configuration found against this declaration."""
+        health = getattr(obj, "health", None) if obj is not None and obj.pk else None
+        if health is None or health.observed_at is None:
+            problems = obj.broker.config_problems() if obj is not None and obj.pk else []
+            return format_html(
+                '<p class="sub">{}</p>',
+                problems[0]
+                if problems
+                else "The broker's configuration has not been read yet (every few polls).",
+            )
+        if not health.observed_findings:
+            return format_html(
+                '<p class="ok">The broker matches the declaration (read {} UTC).</p>',
+                f"{health.observed_at:%Y-%m-%d %H:%M}",
+            )
+        return render_findings(health.observed_findings)
+
     def get_changeform_initial_data(self, request: HttpRequest) -> dict[str, Any]:
         initial = super().get_changeform_initial_data(request)
         if request.GET.get("preset") == "seeds":
@@ -232,6 +253,8 @@ class ChannelAdmin(admin.ModelAdmin):
     def save_model(self, request: HttpRequest, obj: Channel, form: Any, change: bool) -> None:
         before = Channel.objects.get(pk=obj.pk).audit_snapshot() if change else None
         do_save_channel(obj, actor=Actor.from_request(request), before=before)
+        for problem in obj.broker.config_problems():
+            messages.warning(request, f"Broker {obj.broker.name}: {problem}")
         errors = [f for f in obj.findings if f["severity"] == "error"]
         if errors:
             messages.warning(

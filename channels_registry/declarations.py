@@ -11,6 +11,7 @@ import dataclasses
 from typing import Any
 
 import yaml
+from django import forms
 from django.db import transaction
 from django.forms import ModelForm
 
@@ -231,12 +232,24 @@ def _form_problems(
     form: ModelForm[Any], lines: dict[str, int], line: int, label: str
 ) -> list[ImportProblem]:
     problems = []
-    for field, errors in form.errors.items():
+    for field, errors in form.errors.as_data().items():
         where = lines.get(field, line)
         prefix = f"{label}: {field}" if field != "__all__" else label
         for error in errors:
-            problems.append(ImportProblem(where, f"{prefix}: {error}"))
+            text = " ".join(error.messages)
+            if error.code in ("invalid_choice", "invalid_list"):
+                text += _valid_values(form, field)
+            problems.append(ImportProblem(where, f"{prefix}: {text}"))
     return problems
+
+
+def _valid_values(form: ModelForm[Any], field: str) -> str:
+    """ " Valid values: a, b, c." for a field with fixed choices (not a model lookup)."""
+    form_field = form.fields.get(field)
+    if form_field is None or isinstance(form_field, forms.ModelChoiceField):
+        return ""
+    values = [str(v) for v, _ in getattr(form_field, "choices", []) if v not in ("", None)]
+    return f" Valid values: {', '.join(values)}." if values else ""
 
 
 def _unknown_keys(

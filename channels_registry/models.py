@@ -188,6 +188,25 @@ class Broker(models.Model):
             return self.url_secret
         raise BrokerConfigError("No connection URL is configured.")
 
+    def config_problems(self) -> list[str]:
+        """What keeps this broker from being polled, or is ambiguous, in words for the admin
+        form and the channel page (the variable's name only, never a value)."""
+        problems = []
+        if self.url_env and self.url_secret:
+            problems.append(
+                f"Both an environment variable ({self.url_env}) and a stored URL are set: the"
+                " variable is used and the stored URL ignored. Clear one of them."
+            )
+        if self.url_env and not os.environ.get(self.url_env):
+            problems.append(
+                f"Environment variable {self.url_env} is not set on this server: the broker"
+                " cannot be polled until it is (restart the web and worker processes after"
+                " setting it)."
+            )
+        if not self.url_env and not self.url_secret:
+            problems.append("No connection URL is configured: name an environment variable.")
+        return problems
+
     def adapter_options(self) -> dict[str, Any]:
         """The adapter's keyword arguments besides the URL (``brokers.get_adapter``)."""
         from django.conf import settings

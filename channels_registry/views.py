@@ -83,6 +83,7 @@ def live_health_context(channel: Channel, range_key: str) -> dict[str, Any]:
     health = getattr(channel, "health", None)
     return {
         "health_row": make_row(channel, timezone.now()),
+        "broker_problems": channel.broker.config_problems(),
         "observed_findings": health.observed_findings if health else [],
         "observed_at": health.observed_at if health else None,
         **channel_charts(channel, range_key),

@@ -289,8 +289,11 @@ def make_row(channel: Channel, now: dt.datetime) -> BoardRow:
         # Nobody polled recently: whatever was stored is not current, so it is not OK.
         state = HealthState.STALE
         age = (now - health.updated_at).total_seconds() if health.updated_at else None
+        # A broker that cannot be polled names its cause, not the scheduler's.
+        cause = (channel.broker.config_problems() or [""])[0]
         evidence = [
             disabled
+            or (f"No poll for {fmt_duration(age)}: {cause}" if cause else "")
             or f"No poll for {fmt_duration(age)}: is the scheduler running?"
             " (python manage.py poll --once)"
         ]

@@ -200,3 +200,51 @@ def test_malformed_broker_urls_are_field_errors_not_crashes(registry_admin: User
     assert "This is not a valid URL." in page
     assert "Give an http:// or https:// URL." in page
     assert not Broker.objects.exists()
+
+
+def test_saving_a_broker_whose_variable_is_unset_warns_and_the_channel_page_says_why(
+    registry_admin: User, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("DLO_BROKER_NOWHERE_URL", raising=False)
+    response = client_for(registry_admin).post(
+        "/admin/channels_registry/broker/add/",
+        {"name": "nowhere", "kind": "rabbitmq", "url_env": "DLO_BROKER_NOWHERE_URL",
+         "url_secret": "", "management_url": "", "enabled": "on", "poll_interval_s": 15},
+        follow=True,
+    )  # fmt: skip
+    page = response.content.decode()
+    assert "Environment variable DLO_BROKER_NOWHERE_URL is not set on this server" in page
+    broker = Broker.objects.get(name="nowhere")
+    channel = make_channel(broker)
+    detail = client_for(registry_admin).get(channel.get_absolute_url()).content.decode()
+    assert "never — Environment variable DLO_BROKER_NOWHERE_URL is not set" in detail
+    assert "is the scheduler running?" not in detail
+
+
+def test_a_broker_with_both_a_variable_and_a_stored_url_names_the_ambiguity() -> None:
+    broker = make_broker(url_env="DLO_BROKER_X_URL", url_secret="amqp://h/%2F")
+    assert any("Both an environment variable" in p for p in broker.config_problems())
+
+
+def test_channel_form_shows_declared_vs_observed_findings(registry_admin: User) -> None:
+    from django.utils import timezone
+
+    from channels_registry.models import ChannelHealth
+
+    channel = make_channel()
+    finding = {
+        "code": "observed.no-dlx",
+        "severity": "error",
+        "principle": "P5",
+        "message": "Queue orders has no dead-letter exchange",
+        "fix": "Set one.",
+    }
+    ChannelHealth.objects.create(
+        channel=channel, observed_at=timezone.now(), observed_findings=[finding]
+    )
+    page = (
+        client_for(registry_admin)
+        .get(f"/admin/channels_registry/channel/{channel.pk}/change/")
+        .content.decode()
+    )
+    assert "Declared vs observed" in page and "Queue orders has no dead-letter exchange" in page

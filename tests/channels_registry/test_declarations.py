@@ -260,3 +260,21 @@ def test_import_page_answers_bombs_with_a_clear_error(
     assert response.status_code == 200
     assert message in response.content.decode().replace("<strong>", "").replace("</strong>", "")
     assert not Channel.objects.exists()
+
+
+def test_a_wrong_choice_in_a_file_lists_the_valid_values(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad = GOOD_FILE.replace("semantic: at-least-once", "semantic: at-least-twice")
+    with pytest.raises(CommandError, match="1 problem"):
+        call_command("registry", "import", write(tmp_path, bad))
+    err = capsys.readouterr().err
+    assert (
+        "semantic: Select a valid choice. at-least-twice is not one of the available choices."
+        " Valid values: at-most-once, at-least-once, exactly-once-via-idempotency." in err
+    )
+    kafka = GOOD_FILE.replace("kind: rabbitmq", "kind: kafka")
+    with pytest.raises(CommandError, match="problem"):
+        call_command("registry", "import", write(tmp_path, kafka))
+    err = capsys.readouterr().err
+    assert "kind: Select a valid choice." in err and "Valid values: rabbitmq, redis, nats" in err

@@ -40,6 +40,7 @@ from tests.conftest import broker_required, client_for, make_broker, make_channe
 RABBIT_URL = "amqp://guest:guest@127.0.0.1:5672/%2F"
 REDIS_URL = "redis://127.0.0.1:6379/0"
 NATS_URL = "nats://127.0.0.1:4222"
+MGMT_URL = "http://127.0.0.1:15672"
 
 pytestmark = [pytest.mark.broker, pytest.mark.django_db]
 
@@ -140,10 +141,44 @@ def test_rabbitmq_missing_queue_is_unknown_and_flagged_as_observed(
     assert [f["code"] for f in health.observed_findings] == ["observed.address-missing"]
 
 
-def test_rabbitmq_topology_without_dlx_is_a_finding(
-    amqp: Any, rabbit_broker: Any, monkeypatch: pytest.MonkeyPatch
+def require_management(url: str) -> None:
+    """The topology tests read queue arguments through the management API: on a machine
+    where the plugin is off they skip with the fix (in CI, where it must be on, they fail)."""
+    import httpx
+
+    try:
+        httpx.get(url + "/api/overview", auth=("guest", "guest"), timeout=2.0)
+    except httpx.HTTPError as exc:
+        broker_required(
+            "RabbitMQ's management plugin (rabbitmq-plugins enable rabbitmq_management)", exc
+        )
+
+
+@pytest.fixture
+def rabbit_management() -> None:
+    require_management(MGMT_URL)
+
+
+def test_a_missing_management_plugin_skips_with_the_fix_and_fails_in_ci(
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    rabbit_broker.management_url = "http://127.0.0.1:15672"
+    import socket
+
+    with socket.socket() as sock:  # a port nothing listens on: the plugin is "off"
+        sock.bind(("127.0.0.1", 0))
+        closed = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    monkeypatch.delenv("CI", raising=False)
+    with pytest.raises(pytest.skip.Exception, match="rabbitmq-plugins enable rabbitmq_management"):
+        require_management(closed)
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(pytest.fail.Exception, match="management plugin"):
+        require_management(closed)
+
+
+def test_rabbitmq_topology_without_dlx_is_a_finding(
+    amqp: Any, rabbit_broker: Any, rabbit_management: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rabbit_broker.management_url = MGMT_URL
     rabbit_broker.save()
     queue = _queue(amqp, 0, **{"x-max-length": 100})
     channel = make_channel(rabbit_broker, address=queue, dlq_address="orders.dlq")
@@ -156,8 +191,10 @@ def test_rabbitmq_topology_without_dlx_is_a_finding(
     assert "observed.retry-budget-mismatch" not in codes  # classic queues have no limit
 
 
-def test_rabbitmq_quorum_topology_findings(amqp: Any, rabbit_broker: Any) -> None:
-    rabbit_broker.management_url = "http://127.0.0.1:15672"
+def test_rabbitmq_quorum_topology_findings(
+    amqp: Any, rabbit_broker: Any, rabbit_management: None
+) -> None:
+    rabbit_broker.management_url = MGMT_URL
     rabbit_broker.save()
     name = _name("dlo-poll-q")
     amqp.queue_declare(

@@ -84,14 +84,21 @@ def test_unknown_values_are_shown_as_unknown_not_zero(viewer: Any) -> None:
     assert ">0</td>" not in row[: row.index("</tr>")]
 
 
-def test_old_health_is_shown_stale_never_ok(viewer: Any) -> None:
+def test_old_health_is_shown_stale_never_ok(viewer: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DLO_BROKER_RABBITMQ_URL", "amqp://127.0.0.1:5672/%2F")  # pollable
     channel = make_channel()
     old = timezone.now() - dt.timedelta(minutes=20)
     _health(channel, HealthState.OK, updated_at=old, last_sample_at=old)
     content = client_for(viewer).get("/").content.decode()
     assert 'class="state state-stale">Stale<' in content
-    assert "is the scheduler running?" in content
+    row = content[content.index(f'id="ch-{channel.pk}"') :]
+    assert "is the scheduler running?" in row, row[:1500]
     assert 'class="state state-ok"' not in content
+    # Without its URL variable, the broker's own problem is named instead.
+    monkeypatch.delenv("DLO_BROKER_RABBITMQ_URL")
+    content = client_for(viewer).get("/").content.decode()
+    assert "Environment variable DLO_BROKER_RABBITMQ_URL is not set" in content
+    assert "is the scheduler running?" not in content
 
 
 def test_channel_of_a_disabled_broker_says_so_instead_of_blaming_the_scheduler(
