@@ -35,7 +35,7 @@ INSERT INTO dlq_deadletter (
   properties, reason, error_class, error_message, redelivery_count, first_death_queue,
   first_death_exchange, first_death_at, dead_lettered_at, ingested_at, idempotency_key,
   missing_idempotency_key, schema_version, is_parseable, death_history, group_id, parent_id,
-  purged_at, search_text, generation)
+  purged_at, search_text, generation, schema_error, message_type, job)
 SELECT
   (%(channels)s)[1 + (g %% 50) %% 5],
   CASE WHEN g %% 10 = 0 THEN 'poison' ELSE 'dlq' END,
@@ -67,7 +67,7 @@ SELECT
   NULL,
   lower('{"order": ' || g || ', "customer": "c-' || (g %% 977) || '", "note": "bench"}'
         || E'\\nx-exception-class: error' || (g %% 50)),
-  0
+  0, '{}'::jsonb, '', '{}'::jsonb
 FROM generate_series(1, %(rows)s) AS g
 """
 

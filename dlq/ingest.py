@@ -527,7 +527,7 @@ def ingest_channel(
     adapter = adapter_for(channel)
     for address, source in drain_addresses(channel):
         adapter.prepare_drain(address)
-        with adapter.drain(address) as session:
+        with adapter.drain(address) as session, search.BackgroundIndexer() as indexer:
             wait_s = FETCH_WAIT_S
             fetched_before = result.fetched
             while result.batches < max_batches:
@@ -551,9 +551,9 @@ def ingest_channel(
                 if _crash_after_commit_requested():
                     os._exit(137)
                 session.ack(letters)
-                # Off the commit-then-ack path: the text index follows the ack (a crash
-                # here is caught up by search.index_missing below).
-                search.index_entries(ids)
+                # Off the commit-then-ack path: the text index follows the ack, on the
+                # indexer's own thread and connection (caught up by index_missing below).
+                indexer.submit(ids)
                 result.batches += 1
                 result.fetched += len(letters)
                 result.inserted += inserted

@@ -1,21 +1,34 @@
 """The text filter's index (``SearchText``), kept off the ingest path.
 
 Ingest stores ``DeadLetter.search_text`` with the row (no index on it) and, once the batch is
-committed and acknowledged, copies it into ``SearchText`` (``index_entries``), whose trigram
-GIN index the list's text filter uses. Whatever a crash left uncopied is caught up by
-``index_missing`` (run after every drain), so the index trails ingest by at most one batch
-or one run.
+committed and acknowledged, hands the new ids to a ``BackgroundIndexer``: a thread with its
+own database connection that copies them into ``SearchText`` (``index_entries``), whose
+trigram GIN index the list's text filter uses. The ~300 trigram keys per row are written by
+that connection's server process while the ingest loop fetches, stores and acks the next
+batch. Whatever the indexer did not get to (a full hand-over queue, a crash) is caught up by
+``index_missing`` after every drain, so the index trails ingest by at most one run.
 """
 
 from __future__ import annotations
 
+import logging
+import queue
+import threading
 from collections.abc import Sequence
+from types import TracebackType
 from typing import Any
 
-from django.db import connection
+from django.db import connection, connections
 from django.db.models import Max
 
 from dlq.models import DeadLetter, SearchText
+
+log = logging.getLogger(__name__)
+
+#: Batches of ids waiting for the indexer; past this the ingest loop does not wait for it
+#: (``index_missing`` catches up after the drain).
+PENDING_BATCHES = 20
+STOP_WAIT_S = 30.0
 
 #: How far below the newest indexed id the catch-up looks for rows a crash left uncopied
 #: (concurrent ingesters commit ids slightly out of order).
@@ -65,3 +78,60 @@ def index_missing(limit: int = 10 * CATCH_UP_BATCH) -> int:
 def forget(ids: Sequence[int]) -> None:
     """Drop the index rows of purged entries (their search text is gone)."""
     SearchText.objects.filter(entry_id__in=ids).delete()
+
+
+class BackgroundIndexer:
+    """Indexes submitted ids on a daemon thread (its own connection); a context manager.
+
+    ``submit`` never blocks: with ``PENDING_BATCHES`` waiting, the batch is left to
+    ``index_missing``. Leaving the block waits up to ``STOP_WAIT_S`` for the queue to drain;
+    an error in the thread is logged, never raised into ingest (the rows are committed and
+    acknowledged; only their searchability waits for the catch-up)."""
+
+    def __init__(self) -> None:
+        self._queue: queue.Queue[list[int] | None] = queue.Queue(maxsize=PENDING_BATCHES)
+        self._thread = threading.Thread(target=self._run, name="dlq-search-indexer", daemon=True)
+        self.indexed = 0
+
+    def __enter__(self) -> BackgroundIndexer:
+        # SQLite (``make run``) has one writer at a time: index inline there.
+        self._inline = connection.vendor != "postgresql"
+        if not self._inline:
+            self._thread.start()
+        return self
+
+    def submit(self, ids: Sequence[int]) -> None:
+        if ids and self._inline:
+            self.indexed += index_entries(ids)
+        elif ids:
+            try:
+                self._queue.put_nowait(list(ids))
+            except queue.Full:
+                log.info("search indexer busy: %d entries left to the catch-up", len(ids))
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self._inline:
+            return
+        try:
+            self._queue.put(None, timeout=STOP_WAIT_S)
+        except queue.Full:
+            log.warning("search indexer did not drain in %.0f s", STOP_WAIT_S)
+        self._thread.join(STOP_WAIT_S)
+
+    def _run(self) -> None:
+        try:
+            for _ in range(10**9):  # bounded: ends at the None sentinel
+                ids = self._queue.get()
+                if ids is None:
+                    return
+                try:
+                    self.indexed += index_entries(ids)
+                except Exception:
+                    log.warning("search indexing failed; the catch-up retries", exc_info=True)
+        finally:
+            connections.close_all()

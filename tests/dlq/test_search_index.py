@@ -15,7 +15,7 @@ from dlq.actions import do_purge_expired
 from dlq.filters import EntryFilter
 from dlq.models import DeadLetter, SearchText, Status
 from tests.conftest import client_for, make_channel
-from tests.dlq.conftest import letter, store
+from tests.dlq.conftest import FakeAdapter, letter, store
 
 pytestmark = pytest.mark.django_db
 
@@ -86,3 +86,15 @@ def test_the_trigram_index_lives_on_the_side_table_not_the_dead_letters() -> Non
     f = EntryFilter.from_params({"q": "quokka"})
     sql, params = f.apply(DeadLetter.objects.all()).query.sql_with_params()
     assert "dlq_searchtext" in sql
+
+
+@pytest.mark.django_db(transaction=True)
+def test_ingest_indexes_on_its_own_thread_after_the_ack(fake_adapter: FakeAdapter) -> None:
+    """The indexer's connection sees the committed batches (a real commit here) and indexes
+    them while the loop goes on; everything ingested is searchable when the run returns."""
+    channel = make_channel()
+    fake_adapter.queues["orders.dlq"] = [letter(b'{"order": "needle-%d"}' % i) for i in range(1100)]
+    result = ingest.ingest_channel(channel)
+    assert result.inserted == 1100 and len(fake_adapter.acked) == 1100
+    assert SearchText.objects.count() == 1100
+    assert len(_found("needle-1")) == 211  # needle-1, -10…-19, -100…-199, -1000…-1099
