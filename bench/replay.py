@@ -245,9 +245,7 @@ def bench_redis() -> None:
 def bench_nats() -> None:
     import nats
 
-    stream = f"BENCH_REPLAY_{RUN}"
-
-    async def admin(create: bool) -> None:
+    async def admin(stream: str, create: bool) -> None:
         nc = await nats.connect(NATS_URL, connect_timeout=2, max_reconnect_attempts=0)
         js = nc.jetstream()
         if create:
@@ -256,18 +254,19 @@ def bench_nats() -> None:
             await js.delete_stream(stream)
         await nc.close()
 
-    asyncio.run(admin(True))
     os.environ["DLO_BROKER_BENCH_NATS_URL"] = NATS_URL
     print(f"NATS JetStream: {N} 1 KiB messages, {ROUNDS} rounds")
     ratios = []
-    try:
-        for round_no in range(ROUNDS):
+    for round_no in range(ROUNDS):
+        stream = f"BENCH_REPLAY_{RUN}_{round_no}"
+        asyncio.run(admin(stream, True))
+        try:
             channel, _ = make_entries("nats", stream, "DLO_BROKER_BENCH_NATS_URL", round_no)
             relay_rate = relay(channel)
             ratios.append(relay_rate / _raw_publish_rate("nats", NATS_URL, f"{stream}.raw"))
             print(f"  round {round_no + 1}: relay/raw {ratios[-1]:.2f}x")
-    finally:
-        asyncio.run(admin(False))
+        finally:
+            asyncio.run(admin(stream, False))
     _median_line("relay/raw", ratios)
 
 
