@@ -316,16 +316,21 @@ class DloCollector:
         plans = GaugeMetricFamily(
             "dlo_replay_plans", "Unfinished replay/discard plans by status.", labels=["status"]
         )
-        unfinished = ReplayPlan.objects.exclude(status__in=FINISHED)
-        counts = dict(unfinished.values_list("status").annotate(n=Count("id")).order_by())
+        rows = (
+            ReplayPlan.objects.exclude(status__in=FINISHED)
+            .values_list("status")
+            .annotate(n=Count("id"), since=Min("waiting_since"))
+            .order_by()
+        )  # one query for both families
+        counts = {status: (n, since) for status, n, since in rows}
         for status in PlanStatus.values:
             if status not in FINISHED:
-                plans.add_metric([status], counts.get(status, 0))
+                plans.add_metric([status], counts.get(status, (0, None))[0])
         waiting = GaugeMetricFamily(
             "dlo_replay_broker_wait_seconds",
             "How long the longest-waiting plan has waited for an unreachable broker (0: none).",
         )
-        since = unfinished.filter(status=PlanStatus.WAITING).aggregate(m=Min("waiting_since"))["m"]
+        since = counts.get(PlanStatus.WAITING, (0, None))[1]
         waiting.add_metric([], (self.now - since).total_seconds() if since else 0.0)
         yield from (plans, waiting)
 

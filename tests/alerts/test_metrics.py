@@ -152,7 +152,8 @@ def test_scrape_of_1000_channels_is_cheap(django_assert_max_num_queries: object)
             for k in range(5)
         ]
     )
-    with django_assert_max_num_queries(10):  # type: ignore[operator]
+    # A fixed handful whatever the channel count (+1: replay plans by status).
+    with django_assert_max_num_queries(11):  # type: ignore[operator]
         started = time.perf_counter()
         text = scrape()
         elapsed = time.perf_counter() - started
