@@ -43,3 +43,4 @@ def test_example_rules_reference_exported_series() -> None:
     names = {r["alert"] for g in rules["groups"] for r in g["rules"]}
     assert any("DloPollerDown" in m for r in manager["inhibit_rules"] for m in r["source_matchers"])
     assert "DloPollerDown" in names
+    assert {"DloAuditCheckpointFailing", "DloAuditSealerBehind"} <= names
