@@ -120,7 +120,7 @@ def main() -> None:
     call_command("migrate", verbosity=0)
     run = uuid.uuid4().hex[:8]
     queue = f"bench.ingest.{run}.dlq"
-    broker, _ = Broker.objects.get_or_create(
+    broker, _ = Broker.objects.update_or_create(
         name="bench-ingest", defaults={"kind": "rabbitmq", "url_env": "DLO_BROKER_BENCH_INGEST_URL"}
     )
     channel = Channel.objects.create(

@@ -225,7 +225,17 @@ class Ranking:
         for key, n in polled.aggregate(**per_state, **per_flag).items():
             counts[key[2:]] += n or 0
         stale = self.stale
-        if stale is None:  # a stopped scheduler: let the database count (see ``ids``)
+        if stale is None and not self.state:
+            # A stopped scheduler (every row stale): the database moves them, one aggregate.
+            stale_rows = _health(self.conditions).filter(
+                Q(stale_at__lte=self.now) | Q(stale_at__isnull=True)
+            )
+            moved = stale_rows.order_by().values_list("channel__board_state")
+            for was, n in moved.annotate(n=Count("pk")):
+                counts[was] -= n
+                counts[HealthState.STALE] += n
+            stale = []
+        elif stale is None:  # the same with a state filter: read them (see ``ids``)
             stale = list(
                 _health(self.conditions)
                 .filter(Q(stale_at__lte=self.now) | Q(stale_at__isnull=True))
