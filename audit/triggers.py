@@ -12,9 +12,8 @@ from typing import Any
 
 TABLE = "audit_auditevent"
 
-# Every column but the three the sealer sets.
+# Every column but the three the sealer sets, and the primary key (named on its own).
 _KEPT = [
-    "id",
     "created_at",
     "actor_id",
     "actor_username",
@@ -34,8 +33,8 @@ _KEPT = [
     "index_json",
     "detail_json",
 ]
-_NEW = ", ".join(f"NEW.{c}" for c in _KEPT)
-_OLD = ", ".join(f"OLD.{c}" for c in _KEPT)
+_NEW = ", ".join(f"NEW.{c}" for c in ["id", *_KEPT])
+_OLD = ", ".join(f"OLD.{c}" for c in ["id", *_KEPT])
 _POSTGRES_INSTALL = [
     f"""
     CREATE OR REPLACE FUNCTION dlo_audit_append_only() RETURNS trigger AS $$
@@ -60,27 +59,6 @@ _POSTGRES_INSTALL = [
 _POSTGRES_DROP = [
     f"DROP TRIGGER IF EXISTS dlo_audit_no_update_delete ON {TABLE}",
     f"DROP TRIGGER IF EXISTS dlo_audit_no_truncate ON {TABLE}",
-]
-# Every column but the three the sealer sets (and the primary key, which SQLite keeps).
-_KEPT = [
-    "created_at",
-    "actor_id",
-    "actor_username",
-    "source_ip",
-    "action",
-    "target_type",
-    "target_id",
-    "target_repr",
-    "channel_slug",
-    "reason",
-    "before",
-    "after",
-    "changes",
-    "outcome",
-    "plan_id",
-    "hash_version",
-    "index_json",
-    "detail_json",
 ]
 _SQLITE_CHANGED = " OR ".join(f"NEW.{c} IS NOT OLD.{c}" for c in ["id", *_KEPT])
 _SQLITE_INSTALL = [
