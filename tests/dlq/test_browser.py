@@ -56,7 +56,13 @@ def _drive_browser(base: str, session: str, entries: dict[str, int]) -> None:
                 assert page.locator("header.topbar nav").count() == 1, name
                 assert page.locator("main h2", has_text="Audit history").count() == 1, name
                 assert page.locator("main section.card").count() == 6, name  # + replays / lineage
-                assert page.locator("script").count() == 1, name  # htmx only
+                # Only the page's own scripts (htmx, theme, ui), each from /static/, none inline:
+                # a hostile body or header adds no script of its own.
+                sources = page.locator("script").evaluate_all(
+                    "els => els.map(e => [e.getAttribute('src') || '', e.textContent])"
+                )
+                assert len(sources) == 3, (name, sources)
+                assert all(src.startswith("/static/") and not text for src, text in sources), name
                 injected = "main img, main [hx-get], main a[href^='javascript']"
                 assert page.locator(injected).count() == 0, name
                 body_text = page.locator("pre.dlq-body").inner_text()
