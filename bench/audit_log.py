@@ -229,7 +229,7 @@ def verify_million() -> None:
 
     from audit import triggers
     from audit.actions import _copy_events, verify_chain
-    from audit.chain import MerkleFrontier
+    from audit.chain import GENESIS, MerkleFrontier
     from audit.checkpoints import write_checkpoint
     from audit.models import AuditEvent, AuditHead
     from audit.sealer import seal
@@ -237,7 +237,7 @@ def verify_million() -> None:
     settings.DLO_AUDIT_SEALER = "off"
     seal()
     head = AuditHead.objects.get(pk=1)
-    frontier, prev, seq = MerkleFrontier.loads(head.frontier), head.hash, head.seq
+    frontier, prev, seq = MerkleFrontier.loads(head.frontier), head.hash or GENESIS, head.seq
     start = time.perf_counter()
     while seq < VERIFY_EVENTS:
         n = min(20_000, VERIFY_EVENTS - seq)
