@@ -133,6 +133,8 @@ MAX_EVENTS = 50
 
 
 def _clock(t: float) -> str:
+    """A chart time in UTC; ``ui.js`` rewrites it in the viewer's zone from the element's
+    ``data-t`` (epoch seconds), keeping the UTC time beside it."""
     return dt.datetime.fromtimestamp(t, tz=dt.UTC).strftime("%H:%M:%S UTC")
 
 
@@ -161,11 +163,12 @@ def _hover_bands(
         )
         parts.append(
             format_html(
-                '<rect class="hit" x="{}" y="0" width="{}" height="{}">'
+                '<rect class="hit" x="{}" y="0" width="{}" height="{}" data-t="{}">'
                 "<title>{}: {}</title></rect>",
                 f"{left:.1f}",
                 f"{max(right - left, 0.5):.1f}",
                 HEIGHT,
+                f"{t:.0f}",
                 _clock(t),
                 text,
             )
@@ -194,12 +197,14 @@ def _marks(events: list[ChartEvent], start: float, end: float, width: float) -> 
             x2 = max(x + 1.0, min(width, (e.end - start) / span * width))
             parts.append(
                 format_html(
-                    '<rect class="mark mark-{}" x="{}" y="0" width="{}" height="{}">'
-                    "<title>{} – {}</title></rect>",
+                    '<rect class="mark mark-{}" x="{}" y="0" width="{}" height="{}"'
+                    ' data-t="{}" data-t2="{}"><title>{} – {}</title></rect>',
                     e.kind,
                     f"{x:.1f}",
                     f"{x2 - x:.1f}",
                     HEIGHT,
+                    f"{e.t:.0f}",
+                    f"{e.end:.0f}",
                     title,
                     _clock(e.end),
                 )
@@ -208,14 +213,15 @@ def _marks(events: list[ChartEvent], start: float, end: float, width: float) -> 
             parts.append(
                 format_html(
                     '<g class="mark mark-{}"><line x1="{}" y1="0" x2="{}" y2="{}"/>'
-                    '<rect class="mark-hit" x="{}" y="0" width="6" height="{}"><title>{}</title>'
-                    "</rect></g>",
+                    '<rect class="mark-hit" x="{}" y="0" width="6" height="{}" data-t="{}">'
+                    "<title>{}</title></rect></g>",
                     e.kind,
                     f"{x:.1f}",
                     f"{x:.1f}",
                     HEIGHT,
                     f"{x - 3:.1f}",
                     HEIGHT,
+                    f"{e.t:.0f}",
                     title,
                 )
             )

@@ -45,6 +45,21 @@
       el.textContent = text + (zoneName && style !== "date" ? " " + zoneName : "");
       el.setAttribute("data-localised", "");
     });
+    // Chart hover titles: "HH:MM:SS UTC" becomes the viewer's time with UTC kept beside it;
+    // data-t (and data-t2 for a span's end) carry the epoch seconds of each time in order.
+    (root || document).querySelectorAll("svg [data-t] > title").forEach(function (title) {
+      var el = title.parentNode;
+      if (el.hasAttribute("data-localised")) { return; }
+      var epochs = [el.getAttribute("data-t"), el.getAttribute("data-t2")];
+      var i = 0;
+      title.textContent = title.textContent.replace(/\d\d:\d\d:\d\d UTC/g, function (utc) {
+        var d = new Date(Number(epochs[i++]) * 1000);
+        if (isNaN(d.getTime())) { return utc; }
+        var local = pad(d.getHours()) + ":" + pad(d.getMinutes()) + ":" + pad(d.getSeconds());
+        return local + (zoneName ? " " + zoneName : "") + " (" + utc + ")";
+      });
+      el.setAttribute("data-localised", "");
+    });
   }
 
   // 3. Shortcut help: "?" (or the visible button) opens the dialog listing this page's keys.

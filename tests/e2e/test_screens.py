@@ -93,6 +93,11 @@ def test_theme_toggle_sticks_and_times_read_in_the_viewers_zone(journey: Any) ->
     assert utc is not None and utc.endswith(" UTC")
     shown = first.inner_text()
     assert "UTC" not in shown and ("EST" in shown or "GMT-5" in shown), shown
+    # Chart hover titles too: the viewer's time first, UTC kept beside it.
+    tab.go(f"/channels/{scene['orders'].slug}/")
+    band = tab.page.locator("svg rect.hit[data-t] > title").first
+    hover = band.text_content() or ""
+    assert ("EST" in hover or "GMT-5" in hover) and hover.count("UTC") == 1, hover
     tab.go("/audit/")
     cell = tab.page.locator("td.time time").first
     assert "UTC" not in cell.inner_text() and (cell.get_attribute("title") or "").endswith("UTC")
