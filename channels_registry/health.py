@@ -252,6 +252,57 @@ def evaluate(
     ``previous``; 5. drain rate and ETA.
     """
     # 1. Freshness.
+    early = _freshness(points, now=now, stale_after_s=stale_after_s)
+    if early is not None:
+        return early
+    # 2. The window.
+    w = _measure(points, now=now)
+    result = Assessment(HealthState.OK, lag_s=w.lag_s)
+    # 3. Dead letters (secondary flags, independent of the primary state).
+    result.dlq_flags, dlq_evidence = _dlq_flags(
+        w.window or [w.last], thresholds, unresolved or Unresolved(), now
+    )
+    # 4. Primary state, worst first.
+    state, evidence = _primary_state(w, thresholds, previous)
+    evidence.extend(_blocked_evidence(w.last, thresholds, state))
+    result.state = state
+    result.evidence = evidence + dlq_evidence
+    # 5. Drain rate and ETA: only meaningful while the backlog shrinks.
+    if w.slope is not None:
+        result.drain_rate = -w.slope
+        if w.slope < 0 and w.backlog:
+            result.eta_s = w.backlog / -w.slope
+    return result
+
+
+@dataclasses.dataclass(frozen=True)
+class _Window:
+    """What step 2 of ``evaluate`` measures over the trend window."""
+
+    last: Point
+    window: list[Point]
+    span: float
+    backlog_series: list[tuple[float, float]]
+    slope: float | None
+    acks: int | None
+    produced: int | None
+    redelivered: int | None
+    delivered: int | None
+    ack_rate: float | None
+    backlog: int | None
+    lag_s: float | None
+
+    @property
+    def waiting(self) -> int:
+        return (self.backlog or 0) + (self.last.in_flight or 0)
+
+    @property
+    def rise(self) -> float | None:
+        return self.slope * self.span if self.slope is not None else None
+
+
+def _freshness(points: Sequence[Point], *, now: float, stale_after_s: float) -> Assessment | None:
+    """Step 1: the assessment when there is no fresh sample of an existing address, else None."""
     if not points:
         return Assessment(HealthState.UNKNOWN, evidence=["No sample yet: waiting for a poll."])
     last = points[-1]
@@ -262,8 +313,12 @@ def evaluate(
             HealthState.UNKNOWN,
             evidence=["The declared address does not exist on the broker."],
         )
+    return None
 
-    # 2. The window.
+
+def _measure(points: Sequence[Point], *, now: float) -> _Window:
+    """Step 2: trend, counters and lag over the last ``WINDOW_S`` of existing samples."""
+    last = points[-1]
     window = [p for p in points if p.t >= now - WINDOW_S and p.exists]
     span = window[-1].t - window[0].t if len(window) > 1 else 0.0
     backlog_series = [(p.t, float(p.backlog)) for p in window if p.backlog is not None]
@@ -279,41 +334,59 @@ def evaluate(
     lag_s = last.oldest_age_s
     if lag_s is None and backlog is not None and ack_rate:
         lag_s = backlog / ack_rate
-    result = Assessment(HealthState.OK, lag_s=lag_s)
-
-    # 3. Dead letters (secondary flags, independent of the primary state).
-    result.dlq_flags, dlq_evidence = _dlq_flags(
-        window or [last], thresholds, unresolved or Unresolved(), now
+    return _Window(
+        last=last,
+        window=window,
+        span=span,
+        backlog_series=backlog_series,
+        slope=slope,
+        acks=acks,
+        produced=produced,
+        redelivered=redelivered,
+        delivered=delivered,
+        ack_rate=ack_rate,
+        backlog=backlog,
+        lag_s=lag_s,
     )
 
-    # 4. Primary state, worst first.
-    waiting = (backlog or 0) + (last.in_flight or 0)
-    rise = slope * span if slope is not None else None
-    evidence: list[str] = []
-    lagging_reasons = _over_thresholds(last, lag_s, thresholds, ratio=1.0)
-    lagging_hold = _over_thresholds(last, lag_s, thresholds, ratio=EXIT_RATIO)
 
-    poison_enter = redelivered is not None and redelivered >= max(3, 0.2 * (delivered or 0))
+def _primary_state(
+    w: _Window, thresholds: Thresholds, previous: str | None
+) -> tuple[HealthState, list[str]]:
+    """Step 4: the primary state and its evidence, worst rule first: stuck states (poisoned,
+    stopped, stalled), then the backlog's trend."""
+    evidence: list[str] = []
+    state = _stuck_state(w, thresholds, previous, evidence)
+    if state is None:
+        state = _trend_state(w, thresholds, previous, evidence)
+    return state, evidence
+
+
+def _stuck_state(
+    w: _Window, thresholds: Thresholds, previous: str | None, evidence: list[str]
+) -> HealthState | None:
+    """POISONED, STOPPED or STALLED with its evidence appended, else None."""
+    last, span, waiting, backlog = w.last, w.span, w.waiting, w.backlog
+    poison_enter = w.redelivered is not None and w.redelivered >= max(3, 0.2 * (w.delivered or 0))
     over_budget = (
         thresholds.retry_max_attempts is not None
         and last.max_deliveries is not None
         and last.max_deliveries > thresholds.retry_max_attempts
     )
     if over_budget:
-        state = HealthState.POISONED
         evidence.append(
             f"A pending message has been delivered {fmt_int(last.max_deliveries)} times, past"
             f" the declared retry budget of {thresholds.retry_max_attempts}: nothing claims it"
             " into the DLQ."
         )
-    elif poison_enter or (previous == HealthState.POISONED and redelivered):
-        state = HealthState.POISONED
+        return HealthState.POISONED
+    if poison_enter or (previous == HealthState.POISONED and w.redelivered):
         evidence.append(
-            f"{fmt_int(redelivered)} redeliveries in {fmt_duration(span)}"
-            f" for {fmt_int(delivered)} deliveries: messages keep coming back."
+            f"{fmt_int(w.redelivered)} redeliveries in {fmt_duration(span)}"
+            f" for {fmt_int(w.delivered)} deliveries: messages keep coming back."
         )
-    elif waiting > 0 and (last.active_consumers == 0 or last.consumers == 0):
-        state = HealthState.STOPPED
+        return HealthState.POISONED
+    if waiting > 0 and (last.active_consumers == 0 or last.consumers == 0):
         held = last.in_flight or 0
         if held and not backlog:
             evidence.append(
@@ -327,58 +400,74 @@ def evaluate(
             )
         else:
             evidence.append(f"{fmt_int(backlog)} messages waiting and no active consumer.")
-    elif (
+        return HealthState.STOPPED
+    if (
         (last.active_consumers or last.consumers or 0) > 0
         and waiting > 0
-        and acks == 0
+        and w.acks == 0
         and span >= STALL_MIN_S
     ):
-        state = HealthState.STALLED
         evidence.append(
             f"{fmt_int(last.active_consumers or last.consumers)} consumer(s) attached but no"
             f" message acknowledged in {fmt_duration(span)} ({fmt_int(waiting)} waiting)."
         )
-    elif (
+        return HealthState.STALLED
+    if (
         last.consumers is None
         and last.active_consumers is None
-        and acks == 0
-        and (produced or 0) > 0
+        and w.acks == 0
+        and (w.produced or 0) > 0
         and span >= STALL_MIN_S
     ):
-        state = HealthState.STOPPED
         evidence.append(
-            f"{fmt_int(produced)} messages produced in {fmt_duration(span)} and none acknowledged."
+            f"{fmt_int(w.produced)} messages produced in {fmt_duration(span)} and none"
+            " acknowledged."
         )
-    elif (
-        (rise is not None and rise >= _significant(backlog_series))
+        return HealthState.STOPPED
+    return None
+
+
+def _trend_state(
+    w: _Window, thresholds: Thresholds, previous: str | None, evidence: list[str]
+) -> HealthState:
+    """LAGGING (with hysteresis), CATCHING_UP, IDLE or OK, with its evidence appended."""
+    rise, series, span, backlog = w.rise, w.backlog_series, w.span, w.backlog
+    lagging_reasons = _over_thresholds(w.last, w.lag_s, thresholds, ratio=1.0)
+    lagging_hold = _over_thresholds(w.last, w.lag_s, thresholds, ratio=EXIT_RATIO)
+    if (
+        (rise is not None and rise >= _significant(series))
         or lagging_reasons
         or (previous == HealthState.LAGGING and ((rise is not None and rise > 0) or lagging_hold))
     ):
-        state = HealthState.LAGGING
-        if rise is not None and rise > 0 and backlog_series:
-            tail = " while acks stalled" if acks == 0 else ""
-            if ack_rate:
-                tail = f" (acks {ack_rate:,.1f}/s)"
+        if rise is not None and rise > 0 and series:
+            tail = " while acks stalled" if w.acks == 0 else ""
+            if w.ack_rate:
+                tail = f" (acks {w.ack_rate:,.1f}/s)"
             evidence.append(
-                f"backlog grew {fmt_int(backlog_series[0][1])} → {fmt_int(backlog_series[-1][1])}"
+                f"backlog grew {fmt_int(series[0][1])} → {fmt_int(series[-1][1])}"
                 f" over {fmt_duration(span)}{tail}"
             )
         evidence.extend(lagging_reasons or lagging_hold)
-    elif backlog and rise is not None and rise < 0 and -rise >= _significant(backlog_series):
-        state = HealthState.CATCHING_UP
+        return HealthState.LAGGING
+    if backlog and rise is not None and rise < 0 and -rise >= _significant(series):
         evidence.append(
-            f"backlog falling {fmt_int(backlog_series[0][1])} → {fmt_int(backlog_series[-1][1])}"
+            f"backlog falling {fmt_int(series[0][1])} → {fmt_int(series[-1][1])}"
             f" over {fmt_duration(span)}"
         )
-    elif waiting == 0 and not produced and not acks and backlog is not None:
-        state = HealthState.IDLE
+        return HealthState.CATCHING_UP
+    if w.waiting == 0 and not w.produced and not w.acks and backlog is not None:
         evidence.append("Nothing waiting and no traffic in the window.")
+        return HealthState.IDLE
+    if backlog is None:
+        evidence.append("Backlog unknown: the broker does not report it for this address.")
     else:
-        state = HealthState.OK
-        if backlog is None:
-            evidence.append("Backlog unknown: the broker does not report it for this address.")
-        else:
-            evidence.append(f"backlog {fmt_int(backlog)}, steady")
+        evidence.append(f"backlog {fmt_int(backlog)}, steady")
+    return HealthState.OK
+
+
+def _blocked_evidence(last: Point, thresholds: Thresholds, state: HealthState) -> list[str]:
+    """Evidence added whatever the primary state: a blocked ack, too few consumers."""
+    evidence: list[str] = []
     if (
         thresholds.ack_timeout_s
         and last.unacked_age_s is not None
@@ -400,15 +489,7 @@ def evaluate(
             f"{last.active_consumers} active consumer(s), fewer than the declared minimum"
             f" {thresholds.min_consumers}."
         )
-    result.state = state
-    result.evidence = evidence + dlq_evidence
-
-    # 5. Drain rate and ETA: only meaningful while the backlog shrinks.
-    if slope is not None:
-        result.drain_rate = -slope
-        if slope < 0 and backlog:
-            result.eta_s = backlog / -slope
-    return result
+    return evidence
 
 
 def _significant(series: Sequence[tuple[float, float]]) -> float:
