@@ -209,108 +209,29 @@ def do_create_plan(
         raise PlanRefused("Give a reason.")
     try:
         with transaction.atomic():
-            preview = build_preview(kind, selection, entries)
-            if preview.errors:
-                raise PlanRefused(" ".join(preview.errors))
-            if preview.blocked and not (override and override_reason.strip()):
-                raise PlanRefused(
-                    "Blocked by the channel's declaration: tick the override and give its reason."
-                )
-            override = bool(override and preview.blocked)
-            ids = _unheld(ordered_ids(kind, selection, entries))
-            if not ids:
-                raise PlanRefused("None of the matching entries can be planned any more.")
-            asked = _recently_asked(kind, actor) + len(ids)
-            needs_approval = override or asked > settings.DLO_FOUR_EYES_THRESHOLD
-            assert preview.channel is not None
-            channel = preview.channel
-            plan = ReplayPlan.objects.create(
-                kind=kind,
-                status=PlanStatus.AWAITING_APPROVAL if needs_approval else PlanStatus.QUEUED,
-                channel=channel,
-                target_name=preview.target.name if preview.target else "",
-                target_group=preview.target.group if preview.target else "",
-                selection=selection.as_json(),
-                total=len(ids),
-                velocity=velocity,
-                canary_size=max(canary_size, 0) if kind == PlanKind.REPLAY else 0,
-                canary_wait_s=canary_wait_s,
-                warnings=[w.as_json() for w in preview.warnings],
-                override=override,
-                override_reason=override_reason.strip() if override else "",
-                requested_by_id=actor.user_id,
-                requested_by_username=actor.username,
-                reason=reason,
-                request_key=request_key or None,
-                needs_approval=needs_approval,
+            preview, override, ids = _plannable(
+                kind, selection, entries, override=override, override_reason=override_reason
             )
-            items = ReplayItem.objects.bulk_create(
-                [ReplayItem(plan=plan, entry_id=pk, position=n) for n, pk in enumerate(ids)],
-                batch_size=2000,
-            )
-            if kind == PlanKind.REPLAY:
-                for start in range(0, len(ids), ID_CHUNK):
-                    chunk = ids[start : start + ID_CHUNK]
-                    DeadLetter.objects.filter(pk__in=chunk).update(status=Status.REPLAYING)
-                    refresh_open_counts(chunk)  # a resolved entry replayed again is open
-            record(
-                f"dlq.{kind}.plan",
+            plan = _new_plan(
+                kind,
+                selection,
+                preview,
+                ids,
                 actor=actor,
-                target=plan,
-                channel_slug=channel.slug,
                 reason=reason,
-                after={
-                    "entries": len(ids),
-                    "matched": preview.matched,
-                    "excluded": preview.excluded,
-                    "ids_sha256": ids_digest(ids),
-                    "first_id": ids[0],
-                    "last_id": ids[-1],
-                    "selection": selection.as_json(),
-                    "target": plan.target_display,
-                    "velocity": velocity,
-                    "canary_size": plan.canary_size,
-                    "warnings": [w.code for w in preview.warnings],
-                    "override": override,
-                    "override_reason": plan.override_reason,
-                    "needs_approval": needs_approval,
-                },
+                request_key=request_key,
+                velocity=velocity,
+                canary_size=canary_size,
+                canary_wait_s=canary_wait_s,
+                override=override,
+                override_reason=override_reason,
             )
+            items = _freeze_items(plan, kind, ids)
+            _audit_plan_created(plan, preview, selection, ids, actor, reason)
             if kind == PlanKind.REPLAY:
-                item_ids = {i.entry_id: i.pk for i in items if i.pk}
-                if len(item_ids) != len(ids):  # backends without RETURNING ids on bulk insert
-                    item_ids = dict(
-                        ReplayItem.objects.filter(plan=plan).values_list("entry_id", "pk")
-                    )
-
-                for start in range(0, len(ids), ID_CHUNK):
-                    record_many(
-                        [
-                            EventSpec(
-                                "dlq.replay.request",
-                                "dlq.deadletter",
-                                pk,
-                                f"dead letter #{pk}",
-                                channel.slug,
-                                reason=reason,
-                                after={
-                                    "plan": plan.pk,
-                                    "item": item_ids[pk],
-                                    "target": plan.target_display,
-                                },
-                            )  # fmt: skip
-                            for pk in ids[start : start + ID_CHUNK]
-                        ],
-                        actor=actor,
-                    )
-            if not needs_approval:
-                if kind == PlanKind.DISCARD and len(ids) <= DISCARD_INLINE:
-                    plan.status = PlanStatus.RUNNING
-                    ReplayPlan.objects.filter(pk=plan.pk).update(status=PlanStatus.RUNNING)
-                    _discard_items(plan, list(plan.items.filter(status=ItemStatus.PENDING)))
-                    _finish_discard(plan)
-                else:
-                    _enqueue_plan(plan.pk)
+                _audit_replay_requests(plan, items, ids, actor, reason)
+            if not plan.needs_approval:
+                _start_plan(plan, kind, ids)
     except IntegrityError:
         # A concurrent double submit won the unique request_key: answer with its plan.
         existing = _existing_plan(request_key)
@@ -318,6 +239,154 @@ def do_create_plan(
             raise
         return existing, False
     return plan, True
+
+
+def _plannable(
+    kind: str, selection: Any, entries: Any, *, override: bool, override_reason: str
+) -> tuple[Any, bool, list[int]]:
+    """Steps 1-2 of ``do_create_plan``: the server-side preview, the refusals, and the ids
+    no other unfinished plan holds, in replay order. Returns ``(preview, override, ids)``
+    with ``override`` kept only when the preview is blocked."""
+    preview = build_preview(kind, selection, entries)
+    if preview.errors:
+        raise PlanRefused(" ".join(preview.errors))
+    if preview.blocked and not (override and override_reason.strip()):
+        raise PlanRefused(
+            "Blocked by the channel's declaration: tick the override and give its reason."
+        )
+    override = bool(override and preview.blocked)
+    ids = _unheld(ordered_ids(kind, selection, entries))
+    if not ids:
+        raise PlanRefused("None of the matching entries can be planned any more.")
+    return preview, override, ids
+
+
+def _new_plan(
+    kind: str,
+    selection: Any,
+    preview: Any,
+    ids: list[int],
+    *,
+    actor: Actor,
+    reason: str,
+    request_key: str | None,
+    velocity: float | None,
+    canary_size: int,
+    canary_wait_s: float,
+    override: bool,
+    override_reason: str,
+) -> ReplayPlan:
+    """Step 3 of ``do_create_plan``: the plan row, awaiting approval when overridden or
+    when ``actor`` asked for more than the four-eyes threshold within its window."""
+    asked = _recently_asked(kind, actor) + len(ids)
+    needs_approval = override or asked > settings.DLO_FOUR_EYES_THRESHOLD
+    assert preview.channel is not None
+    return ReplayPlan.objects.create(
+        kind=kind,
+        status=PlanStatus.AWAITING_APPROVAL if needs_approval else PlanStatus.QUEUED,
+        channel=preview.channel,
+        target_name=preview.target.name if preview.target else "",
+        target_group=preview.target.group if preview.target else "",
+        selection=selection.as_json(),
+        total=len(ids),
+        velocity=velocity,
+        canary_size=max(canary_size, 0) if kind == PlanKind.REPLAY else 0,
+        canary_wait_s=canary_wait_s,
+        warnings=[w.as_json() for w in preview.warnings],
+        override=override,
+        override_reason=override_reason.strip() if override else "",
+        requested_by_id=actor.user_id,
+        requested_by_username=actor.username,
+        reason=reason,
+        request_key=request_key or None,
+        needs_approval=needs_approval,
+    )
+
+
+def _freeze_items(plan: ReplayPlan, kind: str, ids: list[int]) -> list[ReplayItem]:
+    """Step 3 of ``do_create_plan``: one item per id in order; a replay reserves its
+    entries (REPLAYING) at once."""
+    items = ReplayItem.objects.bulk_create(
+        [ReplayItem(plan=plan, entry_id=pk, position=n) for n, pk in enumerate(ids)],
+        batch_size=2000,
+    )
+    if kind == PlanKind.REPLAY:
+        for start in range(0, len(ids), ID_CHUNK):
+            chunk = ids[start : start + ID_CHUNK]
+            DeadLetter.objects.filter(pk__in=chunk).update(status=Status.REPLAYING)
+            refresh_open_counts(chunk)  # a resolved entry replayed again is open
+    return items
+
+
+def _audit_plan_created(
+    plan: ReplayPlan, preview: Any, selection: Any, ids: list[int], actor: Actor, reason: str
+) -> None:
+    """Step 4 of ``do_create_plan``: the plan's own audit event."""
+    record(
+        f"dlq.{plan.kind}.plan",
+        actor=actor,
+        target=plan,
+        channel_slug=plan.channel.slug,
+        reason=reason,
+        after={
+            "entries": len(ids),
+            "matched": preview.matched,
+            "excluded": preview.excluded,
+            "ids_sha256": ids_digest(ids),
+            "first_id": ids[0],
+            "last_id": ids[-1],
+            "selection": selection.as_json(),
+            "target": plan.target_display,
+            "velocity": plan.velocity,
+            "canary_size": plan.canary_size,
+            "warnings": [w.code for w in preview.warnings],
+            "override": plan.override,
+            "override_reason": plan.override_reason,
+            "needs_approval": plan.needs_approval,
+        },
+    )
+
+
+def _audit_replay_requests(
+    plan: ReplayPlan, items: list[ReplayItem], ids: list[int], actor: Actor, reason: str
+) -> None:
+    """Step 4 of ``do_create_plan`` for a replay: one request event per entry."""
+    item_ids = {i.entry_id: i.pk for i in items if i.pk}
+    if len(item_ids) != len(ids):  # backends without RETURNING ids on bulk insert
+        item_ids = dict(ReplayItem.objects.filter(plan=plan).values_list("entry_id", "pk"))
+
+    for start in range(0, len(ids), ID_CHUNK):
+        record_many(
+            [
+                EventSpec(
+                    "dlq.replay.request",
+                    "dlq.deadletter",
+                    pk,
+                    f"dead letter #{pk}",
+                    plan.channel.slug,
+                    reason=reason,
+                    after={
+                        "plan": plan.pk,
+                        "item": item_ids[pk],
+                        "target": plan.target_display,
+                    },
+                )  # fmt: skip
+                for pk in ids[start : start + ID_CHUNK]
+            ],
+            actor=actor,
+        )
+
+
+def _start_plan(plan: ReplayPlan, kind: str, ids: list[int]) -> None:
+    """Step 4 of ``do_create_plan`` without a second person: a small discard is done now,
+    anything else is enqueued for the relay after commit."""
+    if kind == PlanKind.DISCARD and len(ids) <= DISCARD_INLINE:
+        plan.status = PlanStatus.RUNNING
+        ReplayPlan.objects.filter(pk=plan.pk).update(status=PlanStatus.RUNNING)
+        _discard_items(plan, list(plan.items.filter(status=ItemStatus.PENDING)))
+        _finish_discard(plan)
+    else:
+        _enqueue_plan(plan.pk)
 
 
 def _unheld(ids: list[int]) -> list[int]:
