@@ -360,10 +360,12 @@ def _store(
     *,
     polled_at: dt.datetime | None = None,
 ) -> PollOutcome:
+    """Steps: 1. each channel's sample, rollup and health row (assessed, or stale when the broker
+    failed); 2. write them in bulk; 3. copy the board's summaries to the channels; 4. record the
+    broker's poll state; 5. push the rows whose display changed, after commit."""
     now = timezone.now()
     # Entries ingested after the broker was read were still in its DLQ depth: not twice.
     unresolved = _unresolved(channels, polled_at or now)
-    now_s = now.timestamp()
     minute = now.replace(second=0, microsecond=0)
     existing = {h.pk: h for h in ChannelHealth.objects.filter(channel__in=channels)}
     samples: list[ChannelSample] = []
@@ -371,6 +373,7 @@ def _store(
     rows: list[ChannelHealth] = []
     changed: list[int] = []
     failures = 0 if result is not None else state.consecutive_failures + 1
+    # 1. One sample, rollup and health row per channel.
     for channel in channels:
         row = existing.get(channel.pk) or ChannelHealth(channel=channel)
         before = _display_key(row)
@@ -390,55 +393,95 @@ def _store(
                 now,
             )
         else:
-            sample, point = _sample(channel, addresses[channel.pk], result, now)
+            sample, rollup = _store_sample(
+                broker, channel, row, addresses[channel.pk], result, topology, stored, now
+            )
             samples.append(sample)
-            kept = {name: getattr(sample, name) for name in ROLLUP_FIELDS}
-            rollups.append(ChannelRollup(channel=channel, minute=minute, **kept))
-            window = [health.Point.from_list(v) for v in row.window or []]
-            window = [p for p in window if p.t >= now_s - health.WINDOW_S] + [point]
-            window = window[-WINDOW_MAX_POINTS:]
-            assessment = health.evaluate(
-                window,
-                health.Thresholds.from_channel(channel),
-                previous=row.state,
-                now=now_s,
-                stale_after_s=stale_after_s(broker),
-                unresolved=stored,
-            )
-            row.window = [p.as_list() for p in window]
-            for name, value in kept.items():
-                setattr(row, name, value)
-            row.oldest_age_s = sample.oldest_message_age_s
-            row.last_sample_at = now
-            row.spark = _spark(row.spark or [], minute, sample.backlog)
-            _apply(row, assessment, now)
-            topology_findings = None
-            if topology is not None:
-                found = topology.get(addresses[channel.pk].main)
-                if found is not None:
-                    row.observed = _topology_dict(found)
-                    topology_findings = observed.compare(channel, row.observed)
-                    row.observed_at = now
-            row.observed_findings = observed.merge(
-                row.observed_findings,
-                topology_findings,
-                observed.compare_sample(
-                    channel,
-                    missing_dead_letter=missing_dead_letters(addresses[channel.pk], result.stats),
-                    active_consumers=(
-                        sample.consumers
-                        if sample.active_consumers is None
-                        else sample.active_consumers
-                    ),
-                    max_deliveries=point.max_deliveries,
-                ),
-            )
+            rollups.append(rollup)
         # The board's keys (see ChannelHealth.refresh_board_keys), without a query per row.
         row.sort_name = channel.name.lower()[:200]
         row.stale_at = now + dt.timedelta(seconds=stale_after_s(broker))
         rows.append(row)
         if _display_key(row) != before:
             changed.append(channel.pk)
+    _write_rows(samples, rollups, rows)  # 2.
+    _copy_board_summaries(channels, rows)  # 3.
+    _record_state(broker, state, token, now, result, topology is not None, error, failures)  # 4.
+    # 5. Live updates.
+    if changed:
+        from dashboard.live import push_board_rows
+
+        ids = list(changed)
+        transaction.on_commit(lambda: push_board_rows(ids), robust=True)
+    return PollOutcome(
+        broker.name,
+        "ok" if result is not None else "failed",
+        channels=len(channels),
+        round_trips=result.round_trips if result is not None else None,
+        changed=changed,
+    )
+
+
+def _store_sample(
+    broker: Broker,
+    channel: Channel,
+    row: ChannelHealth,
+    addresses: ChannelAddresses,
+    result: PollResult,
+    topology: dict[Address, Topology] | None,
+    stored: health.Unresolved | None,
+    now: dt.datetime,
+) -> tuple[ChannelSample, ChannelRollup]:
+    """A channel the broker answered for: its sample and rollup, and ``row`` assessed on the
+    window it keeps plus the new point, with what the topology and the sample show."""
+    now_s = now.timestamp()
+    minute = now.replace(second=0, microsecond=0)
+    sample, point = _sample(channel, addresses, result, now)
+    kept = {name: getattr(sample, name) for name in ROLLUP_FIELDS}
+    rollup = ChannelRollup(channel=channel, minute=minute, **kept)
+    window = [health.Point.from_list(v) for v in row.window or []]
+    window = [p for p in window if p.t >= now_s - health.WINDOW_S] + [point]
+    window = window[-WINDOW_MAX_POINTS:]
+    assessment = health.evaluate(
+        window,
+        health.Thresholds.from_channel(channel),
+        previous=row.state,
+        now=now_s,
+        stale_after_s=stale_after_s(broker),
+        unresolved=stored,
+    )
+    row.window = [p.as_list() for p in window]
+    for name, value in kept.items():
+        setattr(row, name, value)
+    row.oldest_age_s = sample.oldest_message_age_s
+    row.last_sample_at = now
+    row.spark = _spark(row.spark or [], minute, sample.backlog)
+    _apply(row, assessment, now)
+    topology_findings = None
+    if topology is not None:
+        found = topology.get(addresses.main)
+        if found is not None:
+            row.observed = _topology_dict(found)
+            topology_findings = observed.compare(channel, row.observed)
+            row.observed_at = now
+    row.observed_findings = observed.merge(
+        row.observed_findings,
+        topology_findings,
+        observed.compare_sample(
+            channel,
+            missing_dead_letter=missing_dead_letters(addresses, result.stats),
+            active_consumers=(
+                sample.consumers if sample.active_consumers is None else sample.active_consumers
+            ),
+            max_deliveries=point.max_deliveries,
+        ),
+    )
+    return sample, rollup
+
+
+def _write_rows(
+    samples: list[ChannelSample], rollups: list[ChannelRollup], rows: list[ChannelHealth]
+) -> None:
     ChannelSample.objects.bulk_create(samples, batch_size=500)
     ChannelRollup.objects.bulk_create(
         rollups,
@@ -454,7 +497,10 @@ def _store(
         unique_fields=["channel"],
         update_fields=[f.name for f in ChannelHealth._meta.concrete_fields if not f.primary_key],
     )
-    # The board counts states on the channel table: copy what changed (rarely much).
+
+
+def _copy_board_summaries(channels: list[Channel], rows: list[ChannelHealth]) -> None:
+    """The board counts states on the channel table: copy what changed (rarely much)."""
     summaries = []
     for channel, row in zip(channels, rows, strict=True):
         state_flags = row.board_summary()
@@ -464,19 +510,6 @@ def _store(
             summaries.append(channel)
     Channel.objects.bulk_update(
         summaries, ["awaiting_health", "board_state", "board_flags"], batch_size=500
-    )
-    _record_state(broker, state, token, now, result, topology is not None, error, failures)
-    if changed:
-        from dashboard.live import push_board_rows
-
-        ids = list(changed)
-        transaction.on_commit(lambda: push_board_rows(ids), robust=True)
-    return PollOutcome(
-        broker.name,
-        "ok" if result is not None else "failed",
-        channels=len(channels),
-        round_trips=result.round_trips if result is not None else None,
-        changed=changed,
     )
 
 
