@@ -276,22 +276,100 @@ def build_entry(channel: Channel, letter: Letter, source: str, now: dt.datetime)
     death_history, death_history_json = _json_no_nul(list(letter.death_history))
     content_type = _text(properties.get("content_type") or headers.get("content-type"), 200)
     document = render.parse_json(letter.body)
+    is_parseable = _is_parseable(content_type, document)
+    source = _routed_source(channel, source, is_parseable)
+    visible_headers = redaction.redact_headers(headers, channel)
+    t = _triage(channel, letter, headers, visible_headers, properties, document, source)
+    body_view = _body_view(channel, letter, document)
+    entry = DeadLetter(
+        channel=channel,
+        source=t.source,
+        dedupe_key=letter.dedupe_key[:200],
+        body=letter.body,
+        body_sha256=hashlib.sha256(letter.body).hexdigest(),
+        size=len(letter.body),
+        content_type=content_type,
+        headers=headers,
+        properties=properties,
+        reason=t.reason,
+        error_class=t.error_class,
+        error_message=t.error_message,
+        redelivery_count=message.delivery_count(
+            letter.redelivery_count, headers, t.job, delivery_limit=_delivery_limit(channel)
+        ),
+        first_death_queue=_text(letter.first_death_queue, 255),
+        first_death_exchange=_text(letter.first_death_exchange, 255),
+        first_death_at=_aware(letter.first_death_at),
+        dead_lettered_at=_aware(letter.dead_lettered_at) or now,
+        ingested_at=now,
+        idempotency_key=t.idempotency_key,
+        missing_idempotency_key=not t.idempotency_key,
+        schema_version=t.schema_version,
+        is_parseable=is_parseable,
+        schema_error=t.schema_error,
+        message_type=t.message_type,
+        job=t.job,
+        death_history=death_history,
+        search_text=search_text(body_view, visible_headers),
+    )
+    json_text = {
+        "headers": headers_json,
+        "properties": properties_json,
+        "death_history": death_history_json,
+    }
+    json_text["schema_error"] = t.schema_error_json
+    json_text["job"] = t.job_json
+    print_ = fingerprint(channel.pk, t.reason, t.error_class, t.error_message, t.message_type)
+    return Built(entry, print_, json_text)
+
+
+def _is_parseable(content_type: str, document: Any) -> bool | None:
+    """Whether a JSON (or untyped) body parses; None for any other content type."""
     if any(t and t in content_type.lower() for t in JSON_CONTENT_TYPES) or not content_type:
-        is_parseable: bool | None = render.is_parsed(document)
-    else:
-        is_parseable = None
-    # Poison vs DLQ. Where a letter was found decides first (the poison address is poison).
-    # A letter found in the DLQ of a channel that declares the poison-queue strategy but whose
-    # body does not parse was misrouted: the contract says unparseable messages are poison
-    # (never retried), so it is classified as poison. Without that strategy there is no poison
-    # contract; the entry stays DLQ and carries the is_parseable=False flag.
+        return render.is_parsed(document)
+    return None
+
+
+def _routed_source(channel: Channel, source: str, is_parseable: bool | None) -> str:
+    """Poison vs DLQ. Where a letter was found decides first (the poison address is poison).
+    A letter found in the DLQ of a channel that declares the poison-queue strategy but whose
+    body does not parse was misrouted: the contract says unparseable messages are poison
+    (never retried), so it is classified as poison. Without that strategy there is no poison
+    contract; the entry stays DLQ and carries the is_parseable=False flag."""
     if (
         source == Source.DLQ
         and is_parseable is False
         and DlqStrategy.POISON_QUEUE in (channel.dlq_strategies or [])
     ):
-        source = Source.POISON
-    visible_headers = redaction.redact_headers(headers, channel)
+        return Source.POISON
+    return source
+
+
+class _Triage(NamedTuple):
+    source: str
+    reason: str
+    error_class: str
+    error_message: str
+    job: Any  # the recognised job, NUL-free
+    job_json: str
+    message_type: str
+    idempotency_key: str
+    schema_version: str
+    schema_error: Any
+    schema_error_json: str
+
+
+def _triage(
+    channel: Channel,
+    letter: Letter,
+    headers: dict[str, Any],
+    visible_headers: dict[str, Any],
+    properties: dict[str, Any],
+    document: Any,
+    source: str,
+) -> _Triage:
+    """What failed and why (from the headers, a known job client, the registered schema),
+    the message type and the idempotency key."""
     lowered = _lower(headers)
     visible_lowered = lowered if visible_headers is headers else _lower(visible_headers)
     reason = _text(letter.reason or _first_header(lowered, ["reason", "x-first-death-reason"]), 100)
@@ -325,52 +403,21 @@ def build_entry(channel: Channel, letter: Letter, source: str, now: dt.datetime)
         error_message = f"{invalid.path}: {invalid.message}"
     schema_error, schema_error_json = _json_no_nul(invalid.as_dict() if invalid else {})
     job, job_json = _json_no_nul(job)
+    schema_version = _text(schema, 50) if schema is not None else ""
+    return _Triage(
+        source, reason, error_class, error_message, job, job_json, mtype, idem,
+        schema_version, schema_error, schema_error_json,
+    )  # fmt: skip
+
+
+def _body_view(channel: Channel, letter: Letter, document: Any) -> bytes | None:
+    """The body the search text may read: redacted when the channel has JSON redaction
+    rules, None when they cannot be applied (so it stays out of the search text)."""
     if isinstance(document, dict | list) and channel.redact_json_paths:
-        body_view: bytes | None = render.redacted_body_bytes(letter.body, channel)
-    elif channel.redact_json_paths:
-        body_view = None  # rules cannot be applied: keep the body out of the search text
-    else:
-        body_view = letter.body
-    entry = DeadLetter(
-        channel=channel,
-        source=source,
-        dedupe_key=letter.dedupe_key[:200],
-        body=letter.body,
-        body_sha256=hashlib.sha256(letter.body).hexdigest(),
-        size=len(letter.body),
-        content_type=content_type,
-        headers=headers,
-        properties=properties,
-        reason=reason,
-        error_class=error_class,
-        error_message=error_message,
-        redelivery_count=message.delivery_count(
-            letter.redelivery_count, headers, job, delivery_limit=_delivery_limit(channel)
-        ),
-        first_death_queue=_text(letter.first_death_queue, 255),
-        first_death_exchange=_text(letter.first_death_exchange, 255),
-        first_death_at=_aware(letter.first_death_at),
-        dead_lettered_at=_aware(letter.dead_lettered_at) or now,
-        ingested_at=now,
-        idempotency_key=idem,
-        missing_idempotency_key=not idem,
-        schema_version=_text(schema, 50) if schema is not None else "",
-        is_parseable=is_parseable,
-        schema_error=schema_error,
-        message_type=mtype,
-        job=job,
-        death_history=death_history,
-        search_text=search_text(body_view, visible_headers),
-    )
-    json_text = {
-        "headers": headers_json,
-        "properties": properties_json,
-        "death_history": death_history_json,
-    }
-    json_text["schema_error"] = schema_error_json
-    json_text["job"] = job_json
-    print_ = fingerprint(channel.pk, reason, error_class, error_message, mtype)
-    return Built(entry, print_, json_text)
+        return render.redacted_body_bytes(letter.body, channel)
+    if channel.redact_json_paths:
+        return None  # rules cannot be applied: keep the body out of the search text
+    return letter.body
 
 
 # -- one batch: store, then (caller) ack -------------------------------------------------
