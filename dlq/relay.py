@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import enum
 import logging
 import os
 import random
@@ -513,97 +514,144 @@ def _run_replay(plan: ReplayPlan, owner: str, result: RunResult, max_seconds: fl
         return result
     slug = plan.channel.slug  # once: refresh_from_db() below drops the cached channel
     pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="replay-publish")
-    batches = 0
-    flight: _InFlight | None = None
-
-    def land() -> tuple[list[ReplayItem], list[PublishOutcome]] | None:
-        """Step (a): the outcomes of the batch in flight, if any."""
-        nonlocal flight, batches
-        if flight is None:
-            return None
-        landed, flight = flight, None
-        outcomes = landed.outcomes.result()
-        batches += 1
-        if crash_after is not None and batches >= crash_after:
-            os._exit(137)  # fault injection: published, outcomes not committed
-        return landed.items, outcomes
-
-    def settle(landed: tuple[list[ReplayItem], list[PublishOutcome]] | None) -> None:
-        """Step (d)."""
-        if landed is not None:
-            ok, failed = _record_outcomes(plan, *landed, actor, slug)
-            result.published += len(landed[0])
-            result.confirmed += ok
-            result.failed += failed
-
+    pipe = _Pipeline(plan, actor, slug, result, publishers, pool, crash_after)
     try:
         _start(plan)
         while True:
-            plan.refresh_from_db()
-            if not _renew(plan.pk, owner):
-                result.status = plan.status
-                return result  # taken over: what is in flight stays SENDING for the new owner
-            runnable = plan.status in RUNNABLE
-            # During the canary only the first ``canary_size`` items (by position) go out.
-            canary = runnable and bool(plan.canary_size) and plan.canary_passed_at is None
-            upto = plan.canary_size if canary else None
-            started = time.monotonic()
-            landed = land()
-            lost = _lost_reason(landed)
-            if lost or plan.status == PlanStatus.WAITING:
-                settle(landed)  # the lost ones go back to PENDING, their attempt given back
-                if _await_broker(plan, publishers, pool, lost or plan.status_note, owner, deadline):
-                    continue
-                plan.refresh_from_db()
-                result.more = plan.status == PlanStatus.WAITING
-                result.retry_in = PROBE_MAX_S
-                break
-            busy = {i.pk for i in landed[0]} if landed else set()  # SENDING, but not in doubt
-            items = _take_batch(plan, _batch_limit(plan), not runnable, upto, busy)
-            if items:
-                batch = _outgoing_batch(publishers, items)
-                flight = _InFlight(items, pool.submit(publishers.publish, batch))
-            settle(landed)
-            if not items:
-                if landed is not None:
-                    continue  # the outcomes just recorded may have made items due again
-                if not runnable:
-                    break  # paused / cancelled / halted, and nothing in doubt
-                wait = _next_due_in(plan, upto)
-                if wait is None:
-                    if canary:
-                        if _canary_check(plan, deadline):
-                            continue
-                        plan.refresh_from_db()
-                        result.more = plan.status == PlanStatus.RUNNING
-                        result.retry_in = 1.0
-                        break
-                    _finish(plan, actor)
-                    break
-                if time.monotonic() + wait > deadline:
-                    result.more, result.retry_in = True, wait
-                    break
-                time.sleep(min(wait, 5.0))
+            turn = _turn(pipe, owner, deadline)
+            if turn is _Turn.NEXT:
                 continue
-            if plan.velocity:
-                spare = len(items) / plan.velocity - (time.monotonic() - started)
-                if spare > 0:
-                    time.sleep(spare)
-            if time.monotonic() > deadline:
-                landed = land()
-                settle(landed)
-                if lost := _lost_reason(landed):
-                    _enter_waiting(plan, lost, actor)
-                result.more = True
-                break
+            if turn is _Turn.TAKEN_OVER:
+                return result  # what is in flight stays SENDING for the new owner
+            break
     finally:
-        if flight is not None:  # an error or a lost lease: let the publish end, record nothing
-            wait_futures([flight.outcomes])
+        if pipe.flight is not None:  # an error or a lost lease: let the publish end, record nothing
+            wait_futures([pipe.flight.outcomes])
         pool.submit(publishers.close).result()
         pool.shutdown()
     plan.refresh_from_db()
     result.status = plan.status
     return result
+
+
+_Landed = tuple[list[ReplayItem], list[PublishOutcome]]
+
+
+class _Turn(enum.Enum):
+    NEXT = "next"  # go round again
+    STOP = "stop"  # end this slice
+    TAKEN_OVER = "taken over"  # the lease is lost: end at once
+
+
+@dataclasses.dataclass
+class _Pipeline:
+    """The state of ``_run_replay``'s pipeline: the batch in flight and the counters."""
+
+    plan: ReplayPlan
+    actor: Actor
+    slug: str
+    result: RunResult
+    publishers: _Publishers
+    pool: ThreadPoolExecutor
+    crash_after: int | None
+    batches: int = 0
+    flight: _InFlight | None = None
+
+    def land(self) -> _Landed | None:
+        """Step (a): the outcomes of the batch in flight, if any."""
+        if self.flight is None:
+            return None
+        landed, self.flight = self.flight, None
+        outcomes = landed.outcomes.result()
+        self.batches += 1
+        if self.crash_after is not None and self.batches >= self.crash_after:
+            os._exit(137)  # fault injection: published, outcomes not committed
+        return landed.items, outcomes
+
+    def send(self, items: list[ReplayItem]) -> None:
+        """Step (c): hand the claimed batch to the publisher thread."""
+        batch = _outgoing_batch(self.publishers, items)
+        self.flight = _InFlight(items, self.pool.submit(self.publishers.publish, batch))
+
+    def settle(self, landed: _Landed | None) -> None:
+        """Step (d)."""
+        if landed is not None:
+            ok, failed = _record_outcomes(self.plan, *landed, self.actor, self.slug)
+            self.result.published += len(landed[0])
+            self.result.confirmed += ok
+            self.result.failed += failed
+
+
+def _turn(pipe: _Pipeline, owner: str, deadline: float) -> _Turn:
+    """One turn of ``_run_replay``: renew the lease, then steps (a) to (d)."""
+    plan, result = pipe.plan, pipe.result
+    plan.refresh_from_db()
+    if not _renew(plan.pk, owner):
+        result.status = plan.status
+        return _Turn.TAKEN_OVER
+    runnable = plan.status in RUNNABLE
+    # During the canary only the first ``canary_size`` items (by position) go out.
+    canary = runnable and bool(plan.canary_size) and plan.canary_passed_at is None
+    upto = plan.canary_size if canary else None
+    started = time.monotonic()
+    landed = pipe.land()
+    lost = _lost_reason(landed)
+    if lost or plan.status == PlanStatus.WAITING:
+        pipe.settle(landed)  # the lost ones go back to PENDING, their attempt given back
+        reason = lost or plan.status_note
+        if _await_broker(plan, pipe.publishers, pipe.pool, reason, owner, deadline):
+            return _Turn.NEXT
+        plan.refresh_from_db()
+        result.more = plan.status == PlanStatus.WAITING
+        result.retry_in = PROBE_MAX_S
+        return _Turn.STOP
+    busy = {i.pk for i in landed[0]} if landed else set()  # SENDING, but not in doubt
+    items = _take_batch(plan, _batch_limit(plan), not runnable, upto, busy)
+    if items:
+        pipe.send(items)
+    pipe.settle(landed)
+    if not items:
+        if landed is not None:
+            return _Turn.NEXT  # the outcomes just recorded may have made items due again
+        return _idle(pipe, runnable, canary, upto, deadline)
+    if plan.velocity:
+        spare = len(items) / plan.velocity - (time.monotonic() - started)
+        if spare > 0:
+            time.sleep(spare)
+    if time.monotonic() > deadline:
+        landed = pipe.land()
+        pipe.settle(landed)
+        if lost := _lost_reason(landed):
+            _enter_waiting(plan, lost, pipe.actor)
+        result.more = True
+        return _Turn.STOP
+    return _Turn.NEXT
+
+
+def _idle(
+    pipe: _Pipeline, runnable: bool, canary: bool, upto: int | None, deadline: float
+) -> _Turn:
+    """Nothing to send and nothing in flight: stop, wait for the next due item, check the
+    canary, or finish the plan."""
+    plan, result = pipe.plan, pipe.result
+    if not runnable:
+        return _Turn.STOP  # paused / cancelled / halted, and nothing in doubt
+    wait = _next_due_in(plan, upto)
+    if wait is None:
+        if canary:
+            if _canary_check(plan, deadline):
+                return _Turn.NEXT
+            plan.refresh_from_db()
+            result.more = plan.status == PlanStatus.RUNNING
+            result.retry_in = 1.0
+            return _Turn.STOP
+        _finish(plan, pipe.actor)
+        return _Turn.STOP
+    if time.monotonic() + wait > deadline:
+        result.more, result.retry_in = True, wait
+        return _Turn.STOP
+    time.sleep(min(wait, 5.0))
+    return _Turn.NEXT
 
 
 def _lost_reason(landed: tuple[list[ReplayItem], list[PublishOutcome]] | None) -> str:
