@@ -25,8 +25,10 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import FrameType
+from typing import Any
 
 from django.db import DatabaseError, InterfaceError, connections
+from django.db.models import QuerySet
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +72,18 @@ class Backoff:
 
     def reset(self) -> None:
         self.failures = 0
+
+
+def exists_unless_away(rows: QuerySet[Any], *, once: bool) -> bool:
+    """Whether ``rows`` has any row, for a command's start-up check. The long-running form
+    starts even while the database is away (``run_service`` rides the outage out), so there
+    an unreachable database counts as "yes, maybe"; only a one-shot run lets the error out."""
+    try:
+        return rows.exists()
+    except (DatabaseError, InterfaceError):
+        if once:
+            raise
+        return True
 
 
 def run_service(

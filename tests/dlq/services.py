@@ -125,7 +125,7 @@ class ProcDb:
 
 
 @pytest.fixture(scope="module")
-def proc_db() -> Iterator[ProcDb]:
+def proc_db_module() -> Iterator[ProcDb]:
     from tests.conftest import broker_required
 
     try:
@@ -137,6 +137,13 @@ def proc_db() -> Iterator[ProcDb]:
         yield db
     finally:
         db.drop()
+
+
+@pytest.fixture
+def proc_db(proc_db_module: ProcDb) -> Iterator[ProcDb]:
+    """The module's database, open again after each test (a failed test may leave it cut)."""
+    yield proc_db_module
+    proc_db_module.restore()
 
 
 class OwnServer:

@@ -12,10 +12,18 @@ from pathlib import Path
 import pytest
 import redis
 
-from tests.dlq.services import ProcDb, output, own_nats, own_redis, proc_db, wait_until
+from tests.dlq.services import (
+    ProcDb,
+    output,
+    own_nats,
+    own_redis,
+    proc_db,
+    proc_db_module,
+    wait_until,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.broker, pytest.mark.timeout(600)]
-__all__ = ["proc_db"]  # the module-scoped fixture
+__all__ = ["proc_db", "proc_db_module"]  # the fixtures
 
 REDIS_URL = os.environ.get("DLO_TEST_LAYER_REDIS_URL", "redis://127.0.0.1:6379/0")
 SUMMARY = re.compile(r"(\d+) fetched, (\d+) new, (\d+) duplicates")
@@ -143,6 +151,46 @@ def test_long_running_ingest_and_poll_ride_out_database_and_broker_outages(
         assert out.rstrip().endswith("stopped")
     assert "broker unavailable" in ingest_out and "broker ok again" in ingest_out
     assert _rows(proc_db, slug) == sent == 150
+
+
+def test_long_running_commands_start_while_the_database_is_away(
+    proc_db: ProcDb, tmp_path: Path
+) -> None:
+    """Started during an outage (a restart of the host, or a slow start under load), both
+    services say so in one line and carry on when the database answers, no traceback. Their
+    start-up check used to query first and die."""
+    server = own_redis(tmp_path)
+    url = f"redis://127.0.0.1:{server.port}/0"
+    client = redis.Redis.from_url(url, socket_timeout=5)
+    stream, slug = "away", f"away-{uuid.uuid4().hex[:6]}"
+    client.xgroup_create(stream, "workers", id="0", mkstream=True)
+    _redis_channel(proc_db, slug, stream, "DLO_BROKER_TEST_AWAY_REDIS")
+    client.xadd(f"{stream}.dlq", {"body": b'{"n": 1}', "reason": b"failed"})
+    env = {"DLO_BROKER_TEST_AWAY_REDIS": url, "DLO_BROKER_TIMEOUT_S": "2"}
+    logs = {"ingest": tmp_path / "ingest.log", "poll": tmp_path / "poll.log"}
+    proc_db.cut()
+    procs = {
+        "ingest": proc_db.spawn("ingest", "--channel", slug, log=logs["ingest"], **env),
+        "poll": proc_db.spawn("poll", "--broker", slug, log=logs["poll"], **env),
+    }
+    try:
+        for name in procs:
+            wait_until(lambda n=name: "database unavailable" in logs[n].read_text(), 120, name)
+        proc_db.restore()
+        wait_until(lambda: _rows(proc_db, slug) == 1, 180, "ingest once the database is back")
+    finally:
+        proc_db.restore()
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in procs.values():
+            proc.wait(timeout=60)
+        client.close()
+        server.stop()
+    for name, proc in procs.items():
+        out = logs[name].read_text()
+        assert proc.returncode == 0, out
+        assert "Traceback" not in out and out.rstrip().endswith("stopped"), out
 
 
 def test_nats_ingest_killed_mid_drain_recovers_everything_on_the_next_runs(

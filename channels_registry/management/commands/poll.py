@@ -10,7 +10,7 @@ from django.utils import timezone
 
 from channels_registry.models import Broker
 from channels_registry.polling import PollOutcome, due_brokers, poll_brokers
-from channels_registry.service import run_service, stop_on_signals
+from channels_registry.service import exists_unless_away, run_service, stop_on_signals
 
 
 class Command(BaseCommand):
@@ -24,7 +24,7 @@ class Command(BaseCommand):
         brokers = Broker.objects.filter(enabled=True).order_by("name")
         if options["broker"]:
             brokers = brokers.filter(name=options["broker"])
-        if not brokers.exists():
+        if not exists_unless_away(brokers, once=options["once"]):
             named = f" named {options['broker']!r}" if options["broker"] else " is declared"
             self.stdout.write(f"No enabled broker{named}: nothing to poll.")
             return

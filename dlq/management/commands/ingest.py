@@ -9,7 +9,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from channels_registry.models import Channel
-from channels_registry.service import Backoff, run_service, stop_on_signals
+from channels_registry.service import Backoff, exists_unless_away, run_service, stop_on_signals
 from dlq.actions import channels_to_ingest, do_ingest_channel
 from dlq.ingest import IngestResult
 
@@ -30,7 +30,8 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         slug = options["channel"]
-        if slug and not Channel.objects.filter(slug=slug).exists():
+        channels = Channel.objects.filter(slug=slug)
+        if slug and not exists_unless_away(channels, once=options["once"]):
             raise CommandError(f"No channel {slug!r}.")
         if not options["once"]:
             self._forever(slug)
