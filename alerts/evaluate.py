@@ -348,9 +348,56 @@ def _inc(field: str, by: int = 1) -> Any:
 
 
 def _evaluate(now: dt.datetime) -> _Run:
-    # 2. Read.
+    """Steps 2-7 of one evaluation, inside ``do_evaluate_alerts``' transaction."""
     brokers = list(Broker.objects.filter(enabled=True))
     poll_states = {s.broker_id: s for s in BrokerPollState.objects.filter(broker__in=brokers)}
+    active = {
+        a.key: a
+        for a in Alert.objects.filter(state__in=ACTIVE_STATES).select_related("channel", "broker")
+    }
+    run = _Run(now, active)
+    fresh = _poller_rules(run, brokers, poll_states)
+    _channel_rules(run, poll_states, fresh)
+    # 4. Alerts whose rule no longer applies.
+    for key in [k for k in run.active if k not in run.seen]:
+        run.retire(key, "The rule no longer applies: disabled, or the channel was removed.")
+    _mute(run)
+    # 7 (first half). Save, so new alerts have ids for their notifications.
+    if run.deleted:
+        Alert.objects.filter(pk__in=run.deleted, state=AlertState.PENDING).delete()
+    Alert.objects.bulk_create(run.new)
+    _notify(run)
+    _save(run)
+    return run
+
+
+def _poller_rules(
+    run: _Run, brokers: list[Broker], poll_states: dict[int, BrokerPollState]
+) -> dict[int, bool]:
+    """3a. Poller stale, per broker. Returns, per broker, whether its poller is fresh."""
+    fresh: dict[int, bool] = {}
+    for broker in brokers:
+        state = poll_states.get(broker.pk)
+        limit = stale_after_s(broker)
+        since = state.last_success_at if state and state.last_success_at else broker.created_at
+        spec = rules.broker_spec(limit)
+        obs = rules.observe_poller(
+            spec,
+            since_success_s=(run.now - since).total_seconds(),
+            failures=state.consecutive_failures if state else 0,
+            last_error=(state.last_error if state else "")[:200],
+        )
+        key = broker_key(broker.pk)
+        run.apply(key, spec, obs, broker, None)
+        fresh[broker.pk] = key not in run.active
+    return fresh
+
+
+def _channel_rules(
+    run: _Run, poll_states: dict[int, BrokerPollState], fresh: dict[int, bool]
+) -> None:
+    """2 and 3b. Read the enabled channels and apply their rules."""
+    now = run.now
     channels = list(
         Channel.objects.filter(enabled=True, broker__enabled=True)
         .select_related("broker", "health")
@@ -369,30 +416,6 @@ def _evaluate(now: dt.datetime) -> _Run:
         ChannelHealth.objects.filter(pk__in=flagged).values_list("pk", "window")
     )
     overrides = load_overrides()
-    active = {
-        a.key: a
-        for a in Alert.objects.filter(state__in=ACTIVE_STATES).select_related("channel", "broker")
-    }
-    run = _Run(now, active)
-
-    # 3a. Poller stale, per broker.
-    fresh: dict[int, bool] = {}
-    for broker in brokers:
-        state = poll_states.get(broker.pk)
-        limit = stale_after_s(broker)
-        since = state.last_success_at if state and state.last_success_at else broker.created_at
-        spec = rules.broker_spec(limit)
-        obs = rules.observe_poller(
-            spec,
-            since_success_s=(now - since).total_seconds(),
-            failures=state.consecutive_failures if state else 0,
-            last_error=(state.last_error if state else "")[:200],
-        )
-        key = broker_key(broker.pk)
-        run.apply(key, spec, obs, broker, None)
-        fresh[broker.pk] = key not in run.active
-
-    # 3b. Channel rules.
     specs = {c.pk: rules.channel_specs(c, overrides.get(c.pk)) for c in channels}
     windows = {s.window_s for ss in specs.values() for s in ss if s.window_s is not None}
     poll_times = {b: s.last_success_at for b, s in poll_states.items()}
@@ -415,12 +438,10 @@ def _evaluate(now: dt.datetime) -> _Run:
             obs = rules.observe(spec, facts)
             run.apply(channel_key(spec.rule, channel.pk), spec, obs, channel.broker, channel)
 
-    # 4. Alerts whose rule no longer applies.
-    for key in [k for k in run.active if k not in run.seen]:
-        run.retire(key, "The rule no longer applies: disabled, or the channel was removed.")
 
-    # 5. Inhibition and silences.
-    silences = list(Silence.objects.filter(starts_at__lte=now, ends_at__gt=now))
+def _mute(run: _Run) -> None:
+    """5. Inhibition and silences."""
+    silences = list(Silence.objects.filter(starts_at__lte=run.now, ends_at__gt=run.now))
     muted = rules.inhibited((a.rule, a.broker_id, a.channel_id) for a in run.active.values())
     for alert in run.active.values():
         inhibited = (alert.rule, alert.broker_id, alert.channel_id) in muted
@@ -431,20 +452,20 @@ def _evaluate(now: dt.datetime) -> _Run:
             if alert.pk is not None:
                 run.changed[alert.pk] = alert
 
-    # 7 (first half). Save, so new alerts have ids for their notifications.
-    if run.deleted:
-        Alert.objects.filter(pk__in=run.deleted, state=AlertState.PENDING).delete()
-    Alert.objects.bulk_create(run.new)
 
-    # 6. Notifications.
+def _notify(run: _Run) -> None:
+    """6. Notifications: firing alerts not yet notified, and resolutions to the destinations
+    that heard of the firing."""
+    now = run.now
     destinations = list(Destination.objects.filter(enabled=True))
     notifications: list[Notification] = []
     due = now + dt.timedelta(seconds=group_wait_s())
+    new_ids = {a.pk for a in run.new}
     for alert in run.active.values():
         if alert.state != AlertState.FIRING or alert.notified or alert.muted:
             continue
         alert.notified = True
-        if alert.pk not in {a.pk for a in run.new}:
+        if alert.pk not in new_ids:
             run.changed[alert.pk] = alert
         for dest in destinations:
             if dest.wants(alert):
@@ -467,32 +488,32 @@ def _evaluate(now: dt.datetime) -> _Run:
     Notification.objects.bulk_create(notifications, ignore_conflicts=True)
     run.result.notifications = len(notifications)
 
-    # 7. Save the rest.
+
+_SAVED_FIELDS = [
+    "state",
+    "summary",
+    "value",
+    "fired_value",
+    "evidence",
+    "resolve_evidence",
+    "fired_at",
+    "resolved_at",
+    "clear_since",
+    "last_evaluated_at",
+    "inhibited",
+    "silence",
+    "notified",
+]
+
+
+def _save(run: _Run) -> None:
+    """7. Save the changed alerts (the new ones were created before the notifications)."""
     new_ids = {a.pk for a in run.new}
     changed = [a for pk, a in run.changed.items() if pk not in new_ids]
     if changed:
-        Alert.objects.bulk_update(
-            changed,
-            [
-                "state",
-                "summary",
-                "value",
-                "fired_value",
-                "evidence",
-                "resolve_evidence",
-                "fired_at",
-                "resolved_at",
-                "clear_since",
-                "last_evaluated_at",
-                "inhibited",
-                "silence",
-                "notified",
-            ],
-            batch_size=500,
-        )
+        Alert.objects.bulk_update(changed, _SAVED_FIELDS, batch_size=500)
     if run.new and any(a.notified for a in run.new):
         Alert.objects.filter(pk__in=[a.pk for a in run.new if a.notified]).update(notified=True)
-    return run
 
 
 def _notification(

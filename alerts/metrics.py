@@ -10,6 +10,7 @@ states, an aggregate of unresolved dead letters, alert and notification counts.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 from collections.abc import Iterator
 from typing import Any
@@ -34,20 +35,25 @@ def _ts(value: dt.datetime | None) -> float | None:
     return value.timestamp() if value is not None else None
 
 
-class DloCollector:
-    """A prometheus_client custom collector (``collect`` is the whole protocol)."""
+@dataclasses.dataclass
+class _ChannelFamilies:
+    """The per-channel metric families, in the order they are exposed."""
 
-    def __init__(self, now: dt.datetime | None = None) -> None:
-        self.now = now or timezone.now()
+    depth: GaugeMetricFamily
+    in_flight: GaugeMetricFamily
+    consumers: GaugeMetricFamily
+    active: GaugeMetricFamily
+    oldest: GaugeMetricFamily
+    lag: GaugeMetricFamily
+    sampled: GaugeMetricFamily
+    state: GaugeMetricFamily
+    messages: CounterMetricFamily
+    unresolved: GaugeMetricFamily
+    unresolved_age: GaugeMetricFamily
+    stalled: GaugeMetricFamily
 
-    def collect(self) -> Iterator[Metric]:
-        yield from self._channels()
-        yield from self._pollers()
-        yield from self._alerts()
-        yield from self._audit()
-        yield from self._replay_plans()
-
-    def _channels(self) -> Iterator[Metric]:
+    @classmethod
+    def new(cls) -> _ChannelFamilies:
         labels = ["broker", "channel"]
         depth = GaugeMetricFamily(
             "dlo_channel_depth_messages",
@@ -103,39 +109,76 @@ class DloCollector:
             " none (0: it fetched, or nothing was waiting).",
             labels=labels,
         )
-        channels = list(
-            Channel.objects.filter(enabled=True, broker__enabled=True)
-            .select_related("broker", "health")
-            .only(
-                "slug",
-                "broker__name",
-                "broker__poll_interval_s",
-                "health__state",
-                "health__backlog",
-                "health__in_flight",
-                "health__consumers",
-                "health__active_consumers",
-                "health__oldest_age_s",
-                "health__lag_s",
-                "health__dlq_depth",
-                "health__poison_depth",
-                "health__last_sample_at",
-                "health__updated_at",
-                "health__ingest_stalled",
-                "health__ingest_checked_at",
-            )
-            .annotate(
-                # The latest sample (by the (channel, taken_at) index), for the counters.
-                latest_sample=Subquery(
-                    ChannelSample.objects.filter(
-                        channel=OuterRef("pk"), taken_at=OuterRef("health__last_sample_at")
-                    )
-                    .order_by("-pk")
-                    .values("pk")[:1]
-                )
-            )
-            .order_by("broker__name", "slug")
+        return cls(
+            depth,
+            in_flight,
+            consumers,
+            active,
+            oldest,
+            lag,
+            sampled,
+            state,
+            messages,
+            unresolved,
+            unresolved_age,
+            stalled,
         )
+
+
+def _exported_channels() -> list[Any]:
+    """Enabled channels of enabled brokers with their health, and the id of the latest sample
+    (by the (channel, taken_at) index), for the counters."""
+    return list(
+        Channel.objects.filter(enabled=True, broker__enabled=True)
+        .select_related("broker", "health")
+        .only(
+            "slug",
+            "broker__name",
+            "broker__poll_interval_s",
+            "health__state",
+            "health__backlog",
+            "health__in_flight",
+            "health__consumers",
+            "health__active_consumers",
+            "health__oldest_age_s",
+            "health__lag_s",
+            "health__dlq_depth",
+            "health__poison_depth",
+            "health__last_sample_at",
+            "health__updated_at",
+            "health__ingest_stalled",
+            "health__ingest_checked_at",
+        )
+        .annotate(
+            # The latest sample (by the (channel, taken_at) index), for the counters.
+            latest_sample=Subquery(
+                ChannelSample.objects.filter(
+                    channel=OuterRef("pk"), taken_at=OuterRef("health__last_sample_at")
+                )
+                .order_by("-pk")
+                .values("pk")[:1]
+            )
+        )
+        .order_by("broker__name", "slug")
+    )
+
+
+class DloCollector:
+    """A prometheus_client custom collector (``collect`` is the whole protocol)."""
+
+    def __init__(self, now: dt.datetime | None = None) -> None:
+        self.now = now or timezone.now()
+
+    def collect(self) -> Iterator[Metric]:
+        yield from self._channels()
+        yield from self._pollers()
+        yield from self._alerts()
+        yield from self._audit()
+        yield from self._replay_plans()
+
+    def _channels(self) -> Iterator[Metric]:
+        f = _ChannelFamilies.new()
+        channels = _exported_channels()
         sample_ids = [c.latest_sample for c in channels if c.latest_sample is not None]
         counters = {
             row[0]: row[1:]
@@ -143,40 +186,49 @@ class DloCollector:
                 "channel_id", *COUNTERS
             )
         }
-        names = {c.pk: (c.broker.name, c.slug) for c in channels}
         for c in channels:
-            lv = [c.broker.name, c.slug]
-            h = getattr(c, "health", None)
-            current = HealthState.UNKNOWN.value
-            if h is not None:
-                current = h.state
-                limit = stale_after_s(c.broker)
-                if h.updated_at is None or (self.now - h.updated_at).total_seconds() > limit:
-                    current = HealthState.STALE.value
-                for role, value in (
-                    ("main", h.backlog),
-                    ("dlq", h.dlq_depth),
-                    ("poison", h.poison_depth),
-                ):
-                    if value is not None:
-                        depth.add_metric([*lv, role], value)
-                for family, value in (
-                    (in_flight, h.in_flight),
-                    (consumers, h.consumers),
-                    (active, h.active_consumers),
-                    (oldest, h.oldest_age_s),
-                    (lag, h.lag_s),
-                    (sampled, _ts(h.last_sample_at)),
-                ):
-                    if value is not None:
-                        family.add_metric(lv, value)
-                if h.ingest_checked_at is not None:
-                    stalled.add_metric(lv, h.ingest_stalled or 0)
-                for event, value in zip(COUNTERS, counters.get(c.pk, ()), strict=False):
-                    if value is not None:
-                        messages.add_metric([*lv, event], value)
-            for s in HealthState.values:
-                state.add_metric([*lv, s], 1.0 if s == current else 0.0)
+            self._add_channel(f, c, counters.get(c.pk, ()))
+        names = {c.pk: (c.broker.name, c.slug) for c in channels}
+        self._add_unresolved(f, names)
+        yield from (getattr(f, field.name) for field in dataclasses.fields(f))
+
+    def _add_channel(self, f: _ChannelFamilies, c: Channel, counters: tuple[Any, ...]) -> None:
+        """One channel's series from its health row and its latest sample's counters."""
+        lv = [c.broker.name, c.slug]
+        h = getattr(c, "health", None)
+        current = HealthState.UNKNOWN.value
+        if h is not None:
+            current = h.state
+            limit = stale_after_s(c.broker)
+            if h.updated_at is None or (self.now - h.updated_at).total_seconds() > limit:
+                current = HealthState.STALE.value
+            for role, value in (
+                ("main", h.backlog),
+                ("dlq", h.dlq_depth),
+                ("poison", h.poison_depth),
+            ):
+                if value is not None:
+                    f.depth.add_metric([*lv, role], value)
+            for family, value in (
+                (f.in_flight, h.in_flight),
+                (f.consumers, h.consumers),
+                (f.active, h.active_consumers),
+                (f.oldest, h.oldest_age_s),
+                (f.lag, h.lag_s),
+                (f.sampled, _ts(h.last_sample_at)),
+            ):
+                if value is not None:
+                    family.add_metric(lv, value)
+            if h.ingest_checked_at is not None:
+                f.stalled.add_metric(lv, h.ingest_stalled or 0)
+            for event, value in zip(COUNTERS, counters, strict=False):
+                if value is not None:
+                    f.messages.add_metric([*lv, event], value)
+        for s in HealthState.values:
+            f.state.add_metric([*lv, s], 1.0 if s == current else 0.0)
+
+    def _add_unresolved(self, f: _ChannelFamilies, names: dict[int, tuple[str, str]]) -> None:
+        """Unresolved ingested dead letters per exported channel and source (one aggregate)."""
         rows = (
             DeadLetter.objects.exclude(status__in=RESOLVED)
             .values("channel_id", "source")
@@ -187,12 +239,10 @@ class DloCollector:
             found = names.get(row["channel_id"])
             if found is None:
                 continue
-            unresolved.add_metric([*found, row["source"]], row["n"])
+            f.unresolved.add_metric([*found, row["source"]], row["n"])
             if row["oldest"] is not None:
                 age = max(0.0, (self.now - row["oldest"]).total_seconds())
-                unresolved_age.add_metric([*found, row["source"]], age)
-        yield from (depth, in_flight, consumers, active, oldest, lag, sampled, state, messages)
-        yield from (unresolved, unresolved_age, stalled)
+                f.unresolved_age.add_metric([*found, row["source"]], age)
 
     def _pollers(self) -> Iterator[Metric]:
         up = GaugeMetricFamily(

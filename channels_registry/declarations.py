@@ -300,88 +300,88 @@ def import_registry(text: str, *, actor: Actor, check_only: bool = False) -> Imp
     unknown_top = set(data) - {"version", "brokers", "channels"}
     for key in sorted(map(str, unknown_top)):
         problems.append(ImportProblem(_key_lines(root).get(key, 1), f"unknown section '{key}'"))
-    broker_nodes = _section(root, "brokers")
-    channel_nodes = _section(root, "channels")
-    broker_items = data.get("brokers") or []
-    channel_items = data.get("channels") or []
     if problems:
         raise DeclarationFileError(problems)
 
     with transaction.atomic():
         seen_brokers: set[str] = set()
-        for item, node in zip(broker_items, broker_nodes, strict=False):
-            lines, line = _key_lines(node), _line(node)
-            name = str(item.get("name", ""))
-            label = f"broker '{name}'" if name else "broker"
-            problems += _unknown_keys(item, set(BROKER_FIELDS), lines, line, label)
-            if name in seen_brokers:
-                problems.append(
-                    ImportProblem(lines.get("name", line), f"{label} is declared twice")
-                )
-                continue
-            seen_brokers.add(name)
-            existing = Broker.objects.filter(name=name).first() if name else None
-            form = BrokerForm(data=_form_data(Broker, BROKER_FIELDS, item), instance=existing)
-            if not form.is_valid():
-                problems += _form_problems(form, lines, line, label)
-                continue
-            before = Broker.objects.get(pk=existing.pk).audit_snapshot() if existing else None
-            broker = form.save(commit=False)
-            if before is not None and before == broker.audit_snapshot():
-                report.unchanged += 1
-                continue
-            do_save_broker(broker, actor=actor, before=before)
-            report.created += before is None
-            report.updated += before is not None
-
+        broker_items = data.get("brokers") or []
+        for item, node in zip(broker_items, _section(root, "brokers"), strict=False):
+            problems += _import_broker(item, node, seen_brokers, report, actor)
         seen_slugs: set[str] = set()
-        for item, node in zip(channel_items, channel_nodes, strict=False):
-            lines, line = _key_lines(node), _line(node)
-            slug = str(item.get("slug", ""))
-            label = f"channel '{slug}'" if slug else "channel"
-            problems += _unknown_keys(item, {*CHANNEL_FIELDS, "broker"}, lines, line, label)
-            if slug in seen_slugs:
-                problems.append(
-                    ImportProblem(lines.get("slug", line), f"{label} is declared twice")
-                )
-                continue
-            seen_slugs.add(slug)
-            broker_name = item.get("broker")
-            broker_obj = Broker.objects.filter(name=broker_name).first() if broker_name else None
-            if broker_obj is None:
-                problems.append(
-                    ImportProblem(
-                        lines.get("broker", line),
-                        f"{label}: broker '{broker_name}' is not declared"
-                        if broker_name
-                        else f"{label}: name its broker",
-                    )
-                )
-                continue
-            existing_ch = Channel.objects.filter(slug=slug).first() if slug else None
-            form_data = _form_data(Channel, CHANNEL_FIELDS, item)
-            form_data["broker"] = broker_obj.pk
-            channel_form = ChannelForm(data=form_data, instance=existing_ch)
-            if not channel_form.is_valid():
-                problems += _form_problems(channel_form, lines, line, label)
-                continue
-            before = (
-                Channel.objects.get(pk=existing_ch.pk).audit_snapshot() if existing_ch else None
-            )
-            channel = channel_form.save(commit=False)
-            if before is not None and before == channel.audit_snapshot():
-                refresh_findings(channel)
-                report.findings[channel.slug] = channel.findings
-                report.unchanged += 1
-                continue
-            do_save_channel(channel, actor=actor, before=before)
-            report.findings[channel.slug] = channel.findings
-            report.created += before is None
-            report.updated += before is not None
-
+        channel_items = data.get("channels") or []
+        for item, node in zip(channel_items, _section(root, "channels"), strict=False):
+            problems += _import_channel(item, node, seen_slugs, report, actor)
         if problems:
             transaction.set_rollback(True)
             raise DeclarationFileError(sorted(problems, key=lambda p: p.line))
         if check_only:
             transaction.set_rollback(True)
     return report
+
+
+def _import_broker(
+    item: dict[str, Any], node: Any, seen: set[str], report: ImportReport, actor: Actor
+) -> list[ImportProblem]:
+    """Step 2 for one broker: its problems, or the audited upsert counted in ``report``."""
+    lines, line = _key_lines(node), _line(node)
+    name = str(item.get("name", ""))
+    label = f"broker '{name}'" if name else "broker"
+    problems = _unknown_keys(item, set(BROKER_FIELDS), lines, line, label)
+    if name in seen:
+        return [*problems, ImportProblem(lines.get("name", line), f"{label} is declared twice")]
+    seen.add(name)
+    existing = Broker.objects.filter(name=name).first() if name else None
+    form = BrokerForm(data=_form_data(Broker, BROKER_FIELDS, item), instance=existing)
+    if not form.is_valid():
+        return problems + _form_problems(form, lines, line, label)
+    before = Broker.objects.get(pk=existing.pk).audit_snapshot() if existing else None
+    broker = form.save(commit=False)
+    if before is not None and before == broker.audit_snapshot():
+        report.unchanged += 1
+        return problems
+    do_save_broker(broker, actor=actor, before=before)
+    report.created += before is None
+    report.updated += before is not None
+    return problems
+
+
+def _import_channel(
+    item: dict[str, Any], node: Any, seen: set[str], report: ImportReport, actor: Actor
+) -> list[ImportProblem]:
+    """Step 2 for one channel: its problems, or the audited upsert counted in ``report``
+    (with the channel's contract findings)."""
+    lines, line = _key_lines(node), _line(node)
+    slug = str(item.get("slug", ""))
+    label = f"channel '{slug}'" if slug else "channel"
+    problems = _unknown_keys(item, {*CHANNEL_FIELDS, "broker"}, lines, line, label)
+    if slug in seen:
+        return [*problems, ImportProblem(lines.get("slug", line), f"{label} is declared twice")]
+    seen.add(slug)
+    broker_name = item.get("broker")
+    broker_obj = Broker.objects.filter(name=broker_name).first() if broker_name else None
+    if broker_obj is None:
+        missing = (
+            f"{label}: broker '{broker_name}' is not declared"
+            if broker_name
+            else (f"{label}: name its broker")
+        )
+        return [*problems, ImportProblem(lines.get("broker", line), missing)]
+    existing = Channel.objects.filter(slug=slug).first() if slug else None
+    form_data = _form_data(Channel, CHANNEL_FIELDS, item)
+    form_data["broker"] = broker_obj.pk
+    channel_form = ChannelForm(data=form_data, instance=existing)
+    if not channel_form.is_valid():
+        return problems + _form_problems(channel_form, lines, line, label)
+    before = Channel.objects.get(pk=existing.pk).audit_snapshot() if existing else None
+    channel = channel_form.save(commit=False)
+    if before is not None and before == channel.audit_snapshot():
+        refresh_findings(channel)
+        report.findings[channel.slug] = channel.findings
+        report.unchanged += 1
+        return problems
+    do_save_channel(channel, actor=actor, before=before)
+    report.findings[channel.slug] = channel.findings
+    report.created += before is None
+    report.updated += before is not None
+    return problems

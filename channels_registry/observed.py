@@ -123,8 +123,6 @@ def compare(channel: Any, topology: dict[str, Any] | None) -> list[dict[str, Any
     nothing was observed yet)."""
     if not topology:
         return []
-    findings: list[dict[str, Any]] = []
-    kind = topology.get("kind")
     address = channel.address_display
     if not topology.get("exists"):
         return [
@@ -136,11 +134,22 @@ def compare(channel: Any, topology: dict[str, Any] | None) -> list[dict[str, Any
                 "Create the queue/stream/consumer, or correct the declared address.",
             )
         ]
-    rabbit = kind in ("classic", "quorum")
-    at_least_once = channel.semantic in SAFE_SEMANTICS
-    target = topology.get("dead_letter_target")
-    if rabbit and channel.dlq_address and target == "":
-        findings.append(
+    return (
+        _no_dead_letter_exchange(channel, topology)
+        + _retry_budget(channel, topology)
+        + _dead_lettering_guarantee(channel, topology)
+        + _loss_settings(channel, topology)
+        + _in_flight(channel, topology)
+        + _ack_timeout(channel, topology)
+        + _retention(channel, topology)
+    )
+
+
+def _no_dead_letter_exchange(channel: Any, topology: dict[str, Any]) -> list[dict[str, Any]]:
+    """A RabbitMQ queue with a declared DLQ but no dead-letter exchange."""
+    rabbit = topology.get("kind") in ("classic", "quorum")
+    if rabbit and channel.dlq_address and topology.get("dead_letter_target") == "":
+        return [
             _finding(
                 "observed.no-dead-letter-exchange",
                 ERROR,
@@ -149,53 +158,79 @@ def compare(channel: Any, topology: dict[str, Any] | None) -> list[dict[str, Any
                 f" {channel.dlq_address} is declared: rejected messages are dropped.",
                 "Set x-dead-letter-exchange (by policy) so rejected messages reach the DLQ.",
             )
-        )
+        ]
+    return []
+
+
+def _retry_budget(channel: Any, topology: dict[str, Any]) -> list[dict[str, Any]]:
+    """The broker's delivery limit against the declared retry budget. Classic queues have no
+    delivery limit (the consumer enforces the budget): not compared."""
+    kind = topology.get("kind")
     limit = topology.get("delivery_limit")
     declared = channel.retry_max_attempts
-    # Classic queues have no delivery limit (the consumer enforces the budget): not compared.
     if (
-        kind in ("quorum", "jetstream")
-        and declared is not None
-        and limit is not None
-        and limit != declared
+        kind not in ("quorum", "jetstream")
+        or declared is None
+        or limit is None
+        or limit == declared
     ):
-        noun = "max_deliver" if kind == "jetstream" else "delivery-limit"
-        shown = "unlimited" if limit == -1 else str(limit)
-        findings.append(
-            _finding(
-                "observed.retry-budget-mismatch",
-                WARNING,
-                "P6",
-                f"The broker's {noun} is {shown}; the declared retry budget is {declared}.",
-                f"Align {noun} with retry_max_attempts (or correct the declaration).",
-            )
+        return []
+    noun = "max_deliver" if kind == "jetstream" else "delivery-limit"
+    shown = "unlimited" if limit == -1 else str(limit)
+    return [
+        _finding(
+            "observed.retry-budget-mismatch",
+            WARNING,
+            "P6",
+            f"The broker's {noun} is {shown}; the declared retry budget is {declared}.",
+            f"Align {noun} with retry_max_attempts (or correct the declaration).",
         )
-    if at_least_once and rabbit and target:
-        strategy = topology.get("dead_letter_strategy")
-        if kind == "classic":
-            findings.append(
-                _finding(
-                    "observed.at-most-once-dead-lettering",
-                    WARNING,
-                    "P4",
-                    "Classic-queue dead-lettering is at-most-once: a dead letter can be lost"
-                    " on the way to the DLQ, but the channel is declared at-least-once.",
-                    "Use a quorum queue with dead-letter-strategy at-least-once and overflow"
-                    " reject-publish.",
-                )
+    ]
+
+
+def _dead_lettering_guarantee(channel: Any, topology: dict[str, Any]) -> list[dict[str, Any]]:
+    """At-most-once dead-lettering (classic queues, or a quorum queue's strategy) on a channel
+    declared at-least-once."""
+    kind = topology.get("kind")
+    if (
+        channel.semantic not in SAFE_SEMANTICS
+        or kind not in ("classic", "quorum")
+        or not topology.get("dead_letter_target")
+    ):
+        return []
+    if kind == "classic":
+        return [
+            _finding(
+                "observed.at-most-once-dead-lettering",
+                WARNING,
+                "P4",
+                "Classic-queue dead-lettering is at-most-once: a dead letter can be lost"
+                " on the way to the DLQ, but the channel is declared at-least-once.",
+                "Use a quorum queue with dead-letter-strategy at-least-once and overflow"
+                " reject-publish.",
             )
-        elif strategy == "at-most-once":
-            findings.append(
-                _finding(
-                    "observed.at-most-once-dead-lettering",
-                    WARNING,
-                    "P4",
-                    "The quorum queue dead-letters at-most-once; the channel is declared"
-                    " at-least-once.",
-                    "Set dead-letter-strategy at-least-once with overflow reject-publish.",
-                )
+        ]
+    if topology.get("dead_letter_strategy") == "at-most-once":
+        return [
+            _finding(
+                "observed.at-most-once-dead-lettering",
+                WARNING,
+                "P4",
+                "The quorum queue dead-letters at-most-once; the channel is declared"
+                " at-least-once.",
+                "Set dead-letter-strategy at-least-once with overflow reject-publish.",
             )
-    if at_least_once and topology.get("overflow") == "drop-head" and _limited(topology):
+        ]
+    return []
+
+
+def _loss_settings(channel: Any, topology: dict[str, Any]) -> list[dict[str, Any]]:
+    """Settings that drop messages on a channel declared at-least-once: overflow drop-head
+    under a length limit, a JetStream consumer without acks."""
+    if channel.semantic not in SAFE_SEMANTICS:
+        return []
+    findings = []
+    if topology.get("overflow") == "drop-head" and _limited(topology):
         findings.append(
             _finding(
                 "observed.overflow-drop-head",
@@ -206,7 +241,7 @@ def compare(channel: Any, topology: dict[str, Any] | None) -> list[dict[str, Any
                 "Use overflow reject-publish (producers see back-pressure) or remove the limit.",
             )
         )
-    if at_least_once and topology.get("ack_policy") == "none":
+    if topology.get("ack_policy") == "none":
         findings.append(
             _finding(
                 "observed.ack-policy-none",
@@ -217,9 +252,6 @@ def compare(channel: Any, topology: dict[str, Any] | None) -> list[dict[str, Any
                 "Recreate the consumer with ack_policy explicit.",
             )
         )
-    findings += _in_flight(channel, topology)
-    findings += _ack_timeout(channel, topology)
-    findings += _retention(channel, topology)
     return findings
 
 

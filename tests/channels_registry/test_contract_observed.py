@@ -5,7 +5,6 @@ timeout and in-flight messages older than it, prefetch and retention against the
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import time
 import uuid
@@ -39,23 +38,6 @@ pytestmark = [pytest.mark.broker, pytest.mark.django_db]
 
 def _name(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:10]}"
-
-
-@pytest.fixture
-def amqp() -> Iterator[Any]:
-    try:
-        connection = pika.BlockingConnection(pika.URLParameters(RABBIT_URL))
-    except Exception as exc:
-        broker_required("RabbitMQ", exc)
-    channel = connection.channel()
-    created: list[str] = []
-    channel.created = created  # type: ignore[attr-defined]
-    yield channel
-    for name in created:
-        with contextlib.suppress(Exception):
-            channel.queue_delete(name)
-    with contextlib.suppress(Exception):
-        connection.close()
 
 
 def _queue(amqp: Any, **arguments: Any) -> str:

@@ -49,22 +49,6 @@ def _name(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:10]}"
 
 
-@pytest.fixture
-def amqp() -> Iterator[Any]:
-    try:
-        connection = pika.BlockingConnection(pika.URLParameters(RABBIT_URL))
-    except Exception as exc:
-        broker_required("RabbitMQ", exc)
-    channel = connection.channel()
-    created: list[str] = []
-    channel.created = created  # type: ignore[attr-defined]
-    yield channel
-    for name in created:
-        with contextlib.suppress(Exception):
-            channel.queue_delete(name)
-    connection.close()
-
-
 def _queue(channel: Any, depth: int, **arguments: Any) -> str:
     name = _name("dlo-poll")
     channel.queue_declare(name, arguments={"x-queue-type": "classic", **arguments})
