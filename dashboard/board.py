@@ -1,7 +1,7 @@
 """The health board (``/``): one row per channel, worst first, filtered by team/broker/state.
 
 ``board_rows`` builds the rows with one query (channels joined with their health and broker);
-the websocket push (``dashboard.live``) renders the very same row partial.
+the page and the websocket push (``dashboard.live``) render each row with ``dashboard.board_html``.
 
 Nothing here grows with the whole table: the order (worst first) is the *stored* severity of
 each health row (``ChannelHealth.severity``, written when health is evaluated), raised to STALE
@@ -35,6 +35,7 @@ from channels_registry.charts import sparkline
 from channels_registry.health import SEVERITY, DlqFlag, HealthState, fmt_duration
 from channels_registry.models import Broker, Channel, ChannelHealth
 from channels_registry.polling import SPARK_MINUTES
+from dashboard.board_html import rows_html
 from dashboard.http import HtmxHttpRequest
 
 STATE_FILTERS = [*HealthState.choices, *DlqFlag.choices]
@@ -402,7 +403,7 @@ def board(request: HtmxHttpRequest) -> HttpResponse:
             total = sum(n for v, _, n in state_counts(ranking) if v in STATES)
             more = max(0, total - end)
         context_more = {
-            "rows": rows[:MORE_ROWS],
+            "rows_html": rows_html(rows[:MORE_ROWS]),
             "more": more,
             "more_qs": more_qs.urlencode(),
             "query": query.urlencode(),
@@ -418,6 +419,7 @@ def board(request: HtmxHttpRequest) -> HttpResponse:
     more_qs["from"] = str(end)
     context: dict[str, Any] = {
         "rows": rows,
+        "rows_html": rows_html(rows),
         "total": total,
         "more": max(0, total - end),
         "more_qs": more_qs.urlencode(),

@@ -1,7 +1,7 @@
 """Pushing board rows to open dashboards after a poll commits.
 
-1. The rows are built with one query and each is rendered once, with the same partial the page
-   uses (never once per client).
+1. The rows are built with one query and each is rendered once, by the same ``row_html`` the
+   page uses (never once per client).
 2. A row is pushed only if its HTML differs from the last pushed version (a digest per row in
    the shared cache, one round trip each way); the ``<time>`` of the last sample is left out of
    the comparison, since its age ticks client-side (``static/dlo/board.js``).
@@ -19,15 +19,14 @@ from collections.abc import Iterable
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from django.core.cache import cache
-from django.template.loader import get_template
 from django.utils import timezone
 
 from dashboard.board import board_rows, conditions_for
+from dashboard.board_html import row_html
 
 log = logging.getLogger(__name__)
 
 BOARD_GROUP = "board"
-ROW_TEMPLATE = "dashboard/board.html#row"
 DIGEST_KEY = "dlo:board-row:{}"
 DIGEST_TTL_S = 6 * 3600
 _SAMPLE_TIME = re.compile(r"<time [^>]*>[^<]*</time>")
@@ -63,14 +62,11 @@ def push_board_rows(channel_ids: Iterable[int]) -> int:
     if layer is None or not ids:
         return 0
     rows = {r.channel.pk: r for r in board_rows(conditions_for(pk__in=ids), timezone.now())}
-    template = get_template(ROW_TEMPLATE)
     # ASCII only (non-ASCII as character references, the same HTML to a parser): Python
     # then stores each row and every client's joined frame one byte per character, and the
     # server's UTF-8 encoding of each frame is a plain copy.
     rendered = {
-        pk: template.render({"row": row, "oob": True})
-        .encode("ascii", "xmlcharrefreplace")
-        .decode("ascii")
+        pk: row_html(row, oob=True).encode("ascii", "xmlcharrefreplace").decode("ascii")
         for pk, row in rows.items()
     }
     fresh = _changed_only(rendered)

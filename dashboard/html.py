@@ -1,0 +1,31 @@
+"""HTML for the few long lists the pages render row by row (the board's rows, the failure
+groups, a select of every channel): built in Python because Django's template engine costs
+5–10 µs per variable, tag and filter, which a 100–10,000-row list multiplies into most of the
+page's time (docs/performance.md, "Board and DLQ groups"). Markup stays in one place per list;
+every interpolated value is escaped here exactly as the template engine escapes it."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from html import escape as _html_escape
+from typing import Any
+
+from django.utils.safestring import SafeString, mark_safe
+
+
+def escape(value: Any) -> str:
+    """Django's ``escape`` (the same five characters replaced) without its lazy-string wrapper,
+    which costs more than the rest of a row."""
+    return _html_escape(str(value))
+
+
+def options(values: Iterable[str], selected: str) -> SafeString:
+    """``<option>`` per value (label = value), ``selected`` marked: what
+    ``{% for c in values %}<option value="{{ c }}"{% if c == selected %} selected{% endif %}>
+    {{ c }}</option>{% endfor %}`` renders."""
+    parts = []
+    for value in values:
+        text = escape(value)
+        mark = " selected" if value == selected else ""
+        parts.append(f'<option value="{text}"{mark}>{text}</option>')
+    return mark_safe("".join(parts))  # every value escaped above
