@@ -50,7 +50,7 @@ from channels_registry.models import (
     IdempotencySource,
     installation_id,
 )
-from dlq import message, redaction, render, search
+from dlq import message, redaction, render, search, trends
 from dlq.fingerprint import fingerprint, normalize_error
 from dlq.models import DeadLetter, FailureGroup, Source
 from dlq.relay import link_replayed_parents
@@ -448,6 +448,7 @@ def store_batch(
         stored = _insert_new(list(unique.values()), now)
         new = {key: (unique[key].entry, unique[key].fingerprint) for key in stored}
         _count_into_groups(groups, new, stored)
+        trends.count_new((entry for entry, _ in new.values()), now)
         inserted, duplicates = len(new), len(letters) - len(new)
         record(
             "dlq.ingest",

@@ -5,7 +5,7 @@ from __future__ import annotations
 from celery import shared_task
 from django.utils import timezone
 
-from dlq import actions
+from dlq import actions, trends
 
 
 @shared_task(
@@ -29,8 +29,11 @@ def enqueue_ingest_task() -> int:
 
 @shared_task
 def purge_expired_task() -> int:
-    """Periodic: retention purge (bounded per run)."""
-    return actions.do_purge_expired(timezone.now()).purged
+    """Periodic: retention purge (bounded per run), and the groups' trend hours past both
+    windows (``dlq.trends``)."""
+    now = timezone.now()
+    trends.prune(now)
+    return actions.do_purge_expired(now).purged
 
 
 @shared_task(

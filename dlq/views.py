@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import datetime as dt
 from typing import Any
 
 from django.contrib import messages
-from django.db.models import Count, Q
+from django.db.models.functions import Substr
 from django.http import Http404, HttpResponse
 from django.shortcuts import render
 from django.utils import timezone
@@ -15,8 +14,9 @@ from django.views.decorators.http import require_GET, require_POST
 from audit.actions import Actor
 from audit.models import AuditEvent
 from channels_registry.access import channels_for_user
+from dashboard.html import options
 from dashboard.http import HtmxHttpRequest
-from dlq import redaction
+from dlq import redaction, trends
 from dlq import render as body_render
 from dlq.access import (
     can_reveal,
@@ -27,24 +27,36 @@ from dlq.access import (
 )
 from dlq.actions import do_record_download, do_reveal_entry
 from dlq.filters import PAGE_SIZE, EntryFilter, approximate_total, keyset_page, parse_id
-from dlq.models import DeadLetter, Source, Status
+from dlq.groups_html import group_rows_html
+from dlq.models import DeadLetter, FailureGroup, Source, Status
 from dlq.replay_views import lineage_context
 
 GROUPS_SHOWN = 200
 
 
-def _trends(group_ids: list[int], now: dt.datetime) -> dict[int, tuple[int, int]]:
-    """Per group: (entries dead-lettered in the last 24 h, in the 24 h before)."""
-    day = dt.timedelta(hours=24)
-    rows = (
-        DeadLetter.objects.filter(group_id__in=group_ids, dead_lettered_at__gte=now - 2 * day)
-        .values("group_id")
-        .annotate(
-            recent=Count("id", filter=Q(dead_lettered_at__gte=now - day)),
-            previous=Count("id", filter=Q(dead_lettered_at__lt=now - day)),
-        )
+def _group_rows(shown: list[FailureGroup]) -> list[dict[str, Any]]:
+    """The shown groups with their stored trend and the first 200 characters of their
+    sample's error (cut in SQL: an error message may be long)."""
+    samples = dict(
+        DeadLetter.objects.filter(pk__in=[g.sample_id for g in shown if g.sample_id])
+        .annotate(head=Substr("error_message", 1, 200))
+        .values_list("id", "head")
     )
-    return {r["group_id"]: (r["recent"], r["previous"]) for r in rows}
+    counts = trends.trends([g.pk for g in shown], timezone.now())
+    rows = []
+    for g in shown:
+        recent, previous = counts.get(g.pk, (0, 0))
+        sample = samples.get(g.sample_id, "") if g.sample_id else ""
+        rows.append(
+            {
+                "group": g,
+                "recent": recent,
+                "previous": previous,
+                "trend": "up" if recent > previous else ("down" if recent < previous else "flat"),
+                "sample": body_render.visible(sample),
+            }
+        )
+    return rows
 
 
 @require_GET
@@ -53,44 +65,28 @@ def group_list(request: HtmxHttpRequest) -> HttpResponse:
     channel = request.GET.get("channel", "")[:100]
     if channel:
         groups = groups.filter(channel__slug=channel)
-    # Open groups first (what needs triage). Samples are fetched for the shown groups only:
-    # joined in the query, PostgreSQL looked up the sample of every group before sorting.
+    # Open groups first (what needs triage), walked and cut along ``dlq_group_triage_order``.
+    # Samples are fetched for the shown groups only: joined in the query, PostgreSQL looked
+    # up the sample of every group before sorting.
     ordered = (
         groups.select_related(None)
         .select_related("channel")
         .order_by("-open_count", "-last_seen", "-id")
     )
     shown = list(ordered[: GROUPS_SHOWN + 1])
-    more = len(shown) > GROUPS_SHOWN
-    shown = shown[:GROUPS_SHOWN]
-    samples = dict(
-        DeadLetter.objects.filter(pk__in=[g.sample_id for g in shown if g.sample_id]).values_list(
-            "id", "error_message"
-        )
-    )
-    trends = _trends([g.pk for g in shown], timezone.now())
-    rows = []
-    for g in shown:
-        recent, previous = trends.get(g.pk, (0, 0))
-        sample = samples.get(g.sample_id, "") if g.sample_id else ""
-        rows.append(
-            {
-                "group": g,
-                "recent": recent,
-                "previous": previous,
-                "trend": "up" if recent > previous else ("down" if recent < previous else "flat"),
-                "sample": body_render.visible(sample[:200]),
-            }
-        )
-    context = {
+    rows = _group_rows(shown[:GROUPS_SHOWN])
+    context: dict[str, Any] = {
         "rows": rows,
-        "more": more,
+        "rows_html": group_rows_html(rows),
+        "more": len(shown) > GROUPS_SHOWN,
         "channel": channel,
-        "channels": channels_for_user(request).values_list("slug", flat=True),
     }
     template = "dlq/group_list.html"
     if request.htmx and not request.htmx.boosted:
         template += "#groups"
+    else:  # the filter form is outside the partial
+        slugs = channels_for_user(request).values_list("slug", flat=True)
+        context["channel_options"] = options(slugs, channel)
     return render(request, template, context)
 
 

@@ -7,8 +7,7 @@ from __future__ import annotations
 import datetime as dt
 
 from django import template
-from django.utils.html import format_html
-from django.utils.safestring import SafeString
+from django.utils.safestring import SafeString, mark_safe
 
 register = template.Library()
 
@@ -26,12 +25,11 @@ def when(value: dt.datetime | None, style: str = "minutes") -> SafeString | str:
         return "—"
     style = style if style in FORMATS else "minutes"
     utc = value.astimezone(dt.UTC) if value.tzinfo else value.replace(tzinfo=dt.UTC)
-    return format_html(
-        '<time datetime="{}" data-local="{}" title="{} UTC">{} UTC</time>',
-        utc.isoformat(),
-        style,
-        utc.strftime(FORMATS["seconds"]),
-        utc.strftime(FORMATS[style]),
+    # Only digits, "-", ":", "+", "." and spaces, and ``style`` is one of FORMATS' keys:
+    # nothing to escape (format_html's escaping cost a long list ~50 µs per time).
+    return mark_safe(
+        f'<time datetime="{utc.isoformat()}" data-local="{style}"'
+        f' title="{utc.strftime(FORMATS["seconds"])} UTC">{utc.strftime(FORMATS[style])} UTC</time>'
     )
 
 

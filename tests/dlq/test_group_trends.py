@@ -1,0 +1,145 @@
+"""The groups page's stored trend (``dlq.trends``): the hourly counts per failure group always
+equal a direct count of the dead-letter table, and the page shows them."""
+
+from __future__ import annotations
+
+import datetime as dt
+import importlib
+from collections import Counter
+from typing import Any
+
+import pytest
+from django.apps import apps
+from django.contrib.auth.models import User
+from django.utils import timezone
+
+from dlq.actions import do_purge_expired
+from dlq.models import DeadLetter, GroupHour, Status
+from dlq.tasks import purge_expired_task
+from dlq.trends import hour_of, windows
+from tests.conftest import client_for, make_channel
+from tests.dlq.conftest import letter, store
+
+pytestmark = pytest.mark.django_db
+
+
+def _failing(error: str, hours_back: int, now: dt.datetime) -> Any:
+    """A letter dead-lettered 10 minutes into the hour ``hours_back`` hours before ``now``'s
+    (so which window it falls in does not depend on the minute the test runs)."""
+    at = hour_of(now) + dt.timedelta(minutes=10) - dt.timedelta(hours=hours_back)
+    return letter(
+        headers={"x-exception-class": error, "x-exception-message": f"{error} {hours_back} h"},
+        dead_lettered_at=at.timestamp(),
+    )
+
+
+def _direct(now: dt.datetime) -> Counter[tuple[int, dt.datetime]]:
+    """Entries per (group, hour) counted from the dead-letter table, both windows."""
+    since = windows(now)[1]
+    counted: Counter[tuple[int, dt.datetime]] = Counter()
+    for group_id, at in DeadLetter.objects.filter(
+        group__isnull=False, dead_lettered_at__gte=since
+    ).values_list("group_id", "dead_lettered_at"):
+        counted[(group_id, hour_of(at))] += 1
+    return counted
+
+
+def _stored() -> Counter[tuple[int, dt.datetime]]:
+    return Counter(
+        {(g, h): n for g, h, n in GroupHour.objects.values_list("group_id", "hour", "count")}
+    )
+
+
+def _store_mixed(channel: Any, now: dt.datetime) -> list[DeadLetter]:
+    """Two groups, entries spread over both windows, one older than both, one in the future
+    (a broker clock ahead of ours), several batches and duplicates of stored entries.
+    NotFound: 5 in the last 24 h, 2 in the 24 h before; Timeout: 4 and 1."""
+    first = [_failing("NotFound", h, now) for h in (0, 0, 1, 5, 23, 24, 47, 80)]
+    second = [_failing("Timeout", h, now) for h in (0, 2, 2, 25, -1)]
+    stored = store(channel, *first[:5], *second)
+    stored += store(channel, *first[5:])
+    store(channel, first[0], second[1])  # redelivered duplicates: not inserted, not counted
+    return stored
+
+
+def test_stored_hours_match_a_direct_count_after_ingest() -> None:
+    now = timezone.now()
+    entries = _store_mixed(make_channel(), now)
+    assert len(entries) == 13 and len({e.group_id for e in entries}) == 2
+    direct = _direct(now)
+    assert sum(direct.values()) == 12  # the entry 80 h ago is outside both windows
+    assert _stored() == direct
+
+
+def test_stored_hours_do_not_change_with_status_or_purge() -> None:
+    """The trend counts entries dead-lettered per hour: a discard, a replay or retention's
+    purge changes none of them, and a direct count agrees before and after."""
+    now = timezone.now()
+    channel = make_channel(retention_s=60)
+    entries = _store_mixed(channel, now)
+    before = _stored()
+    ids = [e.pk for e in entries]
+    DeadLetter.objects.filter(pk__in=ids[:4]).update(status=Status.DISCARDED)
+    DeadLetter.objects.filter(pk__in=ids[4:7]).update(status=Status.REPLAYED)
+    DeadLetter.objects.update(ingested_at=now - dt.timedelta(hours=1))
+    assert do_purge_expired(timezone.now()).purged == 7
+    assert DeadLetter.objects.filter(purged_at__isnull=False).count() == 7
+    assert _stored() == before == _direct(now)
+
+
+def test_discarding_through_the_page_keeps_the_trend(oncall: User) -> None:
+    now = timezone.now()
+    entries = _store_mixed(make_channel(), now)
+    response = client_for(oncall).post(
+        "/dead-letters/discard/",
+        {"id": str(entries[0].pk), "action_reason": "known bad", "request_key": "t1"},
+    )
+    assert response.status_code == 302
+    assert DeadLetter.objects.get(pk=entries[0].pk).status == Status.DISCARDED
+    assert _stored() == _direct(now)
+
+
+def test_prune_drops_only_hours_before_both_windows() -> None:
+    now = timezone.now()
+    _store_mixed(make_channel(), now)
+    later = now + dt.timedelta(hours=20)
+    kept = {key: n for key, n in _stored().items() if key[1] >= windows(later)[1]}
+    assert len(kept) < len(_stored())  # some hours fall out 20 h later
+    from dlq import trends
+
+    trends.prune(later)
+    assert _stored() == Counter(kept) == _direct(later)
+    purge_expired_task()  # the hourly task prunes too (now: nothing more to drop)
+    assert _stored() == Counter(kept)
+
+
+def test_the_migration_fills_the_hours_from_stored_entries() -> None:
+    now = timezone.now()
+    _store_mixed(make_channel(), now)
+    expected = _stored()
+    GroupHour.objects.all().delete()
+    migration = importlib.import_module("dlq.migrations.0011_group_trend_hours")
+    migration.fill_hours(apps, None)
+    assert _stored() == expected == _direct(now)
+
+
+def test_groups_page_shows_the_stored_trend_of_each_group(
+    viewer: User, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    now = timezone.now()
+    _store_mixed(make_channel(), now)
+    # The page's windows are the ones the entries were placed in, even across an hour.
+    monkeypatch.setattr(timezone, "now", lambda: now)
+    recent, previous = windows(now)
+    html = client_for(viewer).get("/dead-letters/").content.decode()
+    shown = []
+    for group_id in DeadLetter.objects.order_by().values_list("group_id", flat=True).distinct():
+        entries = DeadLetter.objects.filter(group_id=group_id)
+        n_recent = entries.filter(dead_lettered_at__gte=recent).count()
+        n_previous = entries.filter(
+            dead_lettered_at__gte=previous, dead_lettered_at__lt=recent
+        ).count()
+        arrow = "▲" if n_recent > n_previous else ("▼" if n_recent < n_previous else "=")
+        assert f"{n_recent} {arrow} {n_previous}</span>" in html
+        shown.append((n_recent, n_previous))
+    assert sorted(shown) == [(4, 1), (5, 2)]
