@@ -1,13 +1,15 @@
 """The relay: works through frozen replay plans, one plan at a time under a lease.
 
 1. Claim the plan with a conditional UPDATE (no lease, an expired one, or our own).
-2. Take a bounded batch of open items in plan order (``BATCH_SIZE``; smaller at low velocity
-   and during the canary). In one transaction mark them SENDING, bump ``attempts`` and persist
-   their ``replay_id`` — the SAME id again when the previous attempt's outcome is unknown
-   (timeout, connection lost), a new one after a definite refusal (nack, unroutable) — then
-   commit. A crash from here on leaves the items SENDING; the next run republishes them with
-   the same id, so extra copies are bounded by the in-flight window (``IN_FLIGHT``: the relay
-   publishes one batch while it records the one before) and carry the id they share.
+2. Take a bounded batch of open items in plan order (``FAST_BATCH_SIZE`` without a velocity,
+   else ``BATCH_SIZE`` or less at a low velocity; bounded by the canary). In one transaction
+   (on PostgreSQL one ``UPDATE … RETURNING`` that also returns the messages' columns) mark
+   them SENDING, bump ``attempts`` and persist their ``replay_id`` — the SAME id again when
+   the previous attempt's outcome is unknown (timeout, connection lost), a new one after a
+   definite refusal (nack, unroutable) — then commit. A crash from here on leaves the items
+   SENDING; the next run republishes them with the same id, so extra copies are bounded by the
+   in-flight window (``IN_FLIGHT``: the relay publishes one batch while it records the one
+   before) and carry the id they share.
 3. Publish the batch: body bytes, original headers minus the broker's death bookkeeping,
    the idempotency key untouched, ``x-dlq-replay-id`` added; persistent, confirmed, mandatory.
 4. In one transaction record each outcome: confirmed → item CONFIRMED, entry REPLAYED; refused
@@ -27,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import enum
+import json
 import logging
 import os
 import random
@@ -38,12 +41,14 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
 from typing import Any
 
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import CharField, Exists, F, OuterRef, Q, Value
+from django.db.models.base import ModelState
 from django.db.models.functions import Cast, Coalesce, Concat
 from django.utils import timezone
 
 from audit.actions import Actor, EventSpec, record, record_many
+from audit.batch import record_uniform
 from audit.sealer import request_checkpoint
 from brokers.base import Address, BrokerError, OutgoingMessage, Publisher, PublishOutcome
 from channels_registry.models import (
@@ -65,10 +70,17 @@ from dlq.replay_models import RUNNABLE, parse_replay_id
 log = logging.getLogger(__name__)
 
 REPLAY_ID_HEADER = "x-dlq-replay-id"
-BATCH_SIZE = 500  # items per publish round trip
+BATCH_SIZE = 500  # items per publish round trip of a plan with a velocity
+# Without a velocity, larger batches: fewer round trips and commits per message, and the
+# broker's confirms of one batch stream in while it is still being published.
+FAST_BATCH_SIZE = 2000
 # The relay publishes one batch while it records the outcomes of the one before (see
 # ``_run_replay``): at most this many items are SENDING, and a crash repeats at most these.
-IN_FLIGHT = 2 * BATCH_SIZE
+IN_FLIGHT = 2 * FAST_BATCH_SIZE
+# The groups' open counts follow the entries' statuses in one recount per this many entries or
+# seconds (and at the end of a run), not per batch.
+RECOUNT_EVERY = 10_000
+RECOUNT_S = 2.0
 # A relay renews its lease every batch; a crashed one is taken over once it expires. The
 # environment override is for the fault tests, which restart a killed relay at once.
 LEASE_S = float(os.environ.get("DLO_REPLAY_LEASE_S", "60"))
@@ -106,11 +118,12 @@ def _header_value(value: Any) -> Any:
 def replay_headers(headers: dict[str, Any], replay_id: str) -> dict[str, Any]:
     """Original headers minus the death bookkeeping, plus ``x-dlq-replay-id``. Everything
     else (the idempotency key first of all) is kept exactly."""
-    kept = {
-        k: _header_value(v)
-        for k, v in (headers or {}).items()
-        if k.lower() not in DEATH_HEADERS and not k.lower().startswith(DEATH_HEADER_PREFIXES)
-    }
+    kept = {}
+    for k, v in (headers or {}).items():
+        low = k.lower()
+        if low in DEATH_HEADERS or low.startswith(DEATH_HEADER_PREFIXES):
+            continue
+        kept[k] = _header_value(v) if isinstance(v, dict | list) else v
     kept[REPLAY_ID_HEADER] = replay_id
     return kept
 
@@ -202,6 +215,8 @@ def _take_batch(
             in_doubt = in_doubt.exclude(pk__any=busy)
         items = list(in_doubt.order_by("position")[:limit])
         if not items and not only_in_doubt:
+            if connection.vendor == "postgresql":
+                return _claim_due(plan, limit, now, upto)
             due = Q(next_attempt_at__isnull=True) | Q(next_attempt_at__lte=now)
             if upto is not None:
                 due &= Q(position__lt=upto)
@@ -212,57 +227,183 @@ def _take_batch(
             )
         if not items:
             return []
-        fresh = [i for i in items if i.status == ItemStatus.PENDING]
-        # Published again with the id it had: the earlier copy may be stored (relay crash,
-        # lost connection, no confirm), so the target may now hold two.
-        again = [i for i in items if i.status == ItemStatus.SENDING or i.replay_id]
-        _count_sends(plan, items, again)
-        crashed = [i.pk for i in items if i.status == ItemStatus.SENDING]
-        if crashed:
-            ReplayItem.objects.filter(pk__any=crashed).update(
-                publishes=F("publishes") + 1, republished=True
-            )
-        # Two UPDATEs, not a per-row CASE: items whose last outcome was in doubt keep their
-        # replay id; the others get "<plan>:<item>:<attempt>" computed by the database.
-        keep = [i.pk for i in fresh if i.replay_id]
-        new = [i.pk for i in fresh if not i.replay_id]
-        bump = {
-            "status": ItemStatus.SENDING,
-            "attempts": F("attempts") + 1,
-            "publishes": F("publishes") + 1,
-        }
-        if keep:
-            ReplayItem.objects.filter(pk__any=keep).update(**bump, republished=True)
-        if new:
-            replay_id = Concat(
-                Value(f"{plan.pk}:"),
-                Cast("id", CharField()),
-                Value(":"),
-                Cast(F("attempts") + 1, CharField()),
-                output_field=CharField(),
-            )
-            ReplayItem.objects.filter(pk__any=new).update(**bump, replay_id=replay_id)
-        for item in fresh:
-            item.attempts += 1
-            item.status = ItemStatus.SENDING
-            item.replay_id = item.replay_id or f"{plan.pk}:{item.pk}:{item.attempts}"
-        for item in items:
-            item.publishes += 1
-        for item in again:
-            item.republished = True
+        _claim_items(plan, items)
     return items
 
 
-def _count_sends(plan: ReplayPlan, items: list[ReplayItem], again: list[ReplayItem]) -> None:
+def _claim_items(plan: ReplayPlan, items: list[ReplayItem]) -> None:
+    """``_take_batch`` for model instances (in-doubt items; every database but PostgreSQL)."""
+    fresh = [i for i in items if i.status == ItemStatus.PENDING]
+    # Published again with the id it had: the earlier copy may be stored (relay crash,
+    # lost connection, no confirm), so the target may now hold two.
+    again = [i for i in items if i.status == ItemStatus.SENDING or i.replay_id]
+    _count_sends(plan, len(items), sum(1 for i in items if i.publishes == 0),
+                 sum(1 for i in again if not i.republished))  # fmt: skip
+    crashed = [i.pk for i in items if i.status == ItemStatus.SENDING]
+    if crashed:
+        ReplayItem.objects.filter(pk__any=crashed).update(
+            publishes=F("publishes") + 1, republished=True
+        )
+    # Two UPDATEs, not a per-row CASE: items whose last outcome was in doubt keep their
+    # replay id; the others get "<plan>:<item>:<attempt>" computed by the database.
+    keep = [i.pk for i in fresh if i.replay_id]
+    new = [i.pk for i in fresh if not i.replay_id]
+    bump = {
+        "status": ItemStatus.SENDING,
+        "attempts": F("attempts") + 1,
+        "publishes": F("publishes") + 1,
+    }
+    if keep:
+        ReplayItem.objects.filter(pk__any=keep).update(**bump, republished=True)
+    if new:
+        replay_id = Concat(
+            Value(f"{plan.pk}:"),
+            Cast("id", CharField()),
+            Value(":"),
+            Cast(F("attempts") + 1, CharField()),
+            output_field=CharField(),
+        )
+        ReplayItem.objects.filter(pk__any=new).update(**bump, replay_id=replay_id)
+    for item in fresh:
+        item.attempts += 1
+        item.status = ItemStatus.SENDING
+        item.replay_id = item.replay_id or f"{plan.pk}:{item.pk}:{item.attempts}"
+    for item in items:
+        item.publishes += 1
+    for item in again:
+        item.republished = True
+
+
+def _claim_sql(upto: bool) -> str:
+    """One statement for the common case (due PENDING items): pick them in plan order, mark
+    them SENDING with their attempt and replay id (kept when the last outcome was in doubt,
+    else "<plan>:<item>:<attempt>"), and return them with the columns of their entries that
+    the message needs. ``i.status`` is checked again on the row itself, so an item a
+    concurrent cancel took is skipped, not revived."""
+    q = connection.ops.quote_name
+    item, entry = q(ReplayItem._meta.db_table), q(DeadLetter._meta.db_table)
+    position = q("position")
+    return f"""
+        WITH picked AS (
+            SELECT id, publishes AS old_publishes, republished AS old_republished,
+                   replay_id <> '' AS kept
+            FROM {item}
+            WHERE plan_id = %(plan)s AND status = 'pending'
+              AND (next_attempt_at IS NULL OR next_attempt_at <= %(now)s)
+              {f"AND {position} < %(upto)s" if upto else ""}
+            ORDER BY {position}
+            LIMIT %(limit)s
+        )
+        UPDATE {item} AS i SET
+            status = 'sending',
+            attempts = i.attempts + 1,
+            publishes = i.publishes + 1,
+            republished = i.republished OR p.kept,
+            replay_id = CASE WHEN p.kept THEN i.replay_id
+                        ELSE %(prefix)s || i.id || ':' || (i.attempts + 1) END
+        FROM picked AS p, {entry} AS d
+        WHERE i.id = p.id AND i.status = 'pending' AND d.id = i.entry_id
+        RETURNING i.id, i.entry_id, i.{position}, i.attempts, i.replay_id, i.publishes,
+                  i.republished, p.old_publishes, p.old_republished, p.kept,
+                  d.body, d.headers, d.properties
+    """
+
+
+def _claim_due(
+    plan: ReplayPlan, limit: int, now: dt.datetime, upto: int | None
+) -> list[ReplayItem]:
+    """``_take_batch`` on PostgreSQL for due PENDING items: one ``UPDATE … RETURNING``
+    (``_claim_sql``) and the plan's counters, inside the caller's transaction."""
+    params: dict[str, Any] = {
+        "plan": plan.pk,
+        "now": now,
+        "upto": upto,
+        "limit": limit,
+        "prefix": f"{plan.pk}:",
+    }
+    with connection.cursor() as cursor:
+        cursor.execute(_claim_sql(upto is not None), params)
+        rows = sorted(cursor.fetchall(), key=lambda r: r[2])
+    if not rows:
+        return []
+    first = sum(1 for r in rows if r[7] == 0)
+    doubled = sum(1 for r in rows if r[9] and not r[8])
+    _count_sends(plan, len(rows), first, doubled)
+    return [_claimed_item(plan, row) for row in rows]
+
+
+_ITEM_FIELDS = [f.attname for f in ReplayItem._meta.concrete_fields]
+
+
+def _claimed_item(plan: ReplayPlan, row: tuple[Any, ...]) -> ReplayItem:
+    """A ReplayItem for a claimed row without the cost of ``Model.__init__`` (thousands per
+    batch), every concrete field set, plus the entry's columns the message needs."""
+    item = ReplayItem.__new__(ReplayItem)
+    pk, entry_id, position, attempts, replay_id, publishes, republished = row[:7]
+    body, headers, properties = row[10:13]
+    item.__dict__.update(
+        id=pk, plan_id=plan.pk, entry_id=entry_id, position=position,
+        status=ItemStatus.SENDING, attempts=attempts, replay_id=replay_id,
+        publishes=publishes, republished=republished, last_error="",
+        next_attempt_at=None, finished_at=None, _state=ModelState(),
+        _columns=(body, _json(headers), _json(properties)),
+    )  # fmt: skip
+    item._state.adding, item._state.db = False, connection.alias
+    return item
+
+
+def _json(value: Any) -> Any:
+    return json.loads(value) if isinstance(value, str) else value
+
+
+def _count_sends(plan: ReplayPlan, sent: int, first: int, doubled: int) -> None:
     """Counters that tell the truth (inside the claim's transaction): every publish, distinct
-    entries published, and distinct entries that may have gone out twice."""
-    first = sum(1 for i in items if i.publishes == 0)
-    doubled = sum(1 for i in again if not i.republished)
+    entries published (``first``), and distinct entries that may have gone out twice."""
     ReplayPlan.objects.filter(pk=plan.pk).update(
-        sent=F("sent") + len(items),
+        sent=F("sent") + sent,
         sent_entries=F("sent_entries") + first,
         maybe_twice=F("maybe_twice") + doubled,
     )
+
+
+@dataclasses.dataclass
+class _Outcomes:
+    """One batch's outcomes, sorted for ``_record_outcomes``."""
+
+    ok: list[ReplayItem] = dataclasses.field(default_factory=list)
+    failed: list[tuple[ReplayItem, str]] = dataclasses.field(default_factory=list)
+    retry: list[ReplayItem] = dataclasses.field(default_factory=list)
+
+
+def _sort_outcomes(
+    plan: ReplayPlan, items: list[ReplayItem], outcomes: list[PublishOutcome], now: dt.datetime
+) -> _Outcomes:
+    """Confirmed, failed for good, or to be retried (the items updated to their next state)."""
+    by_key = {o.key: o for o in outcomes}
+    sorted_ = _Outcomes()
+    for item in items:
+        outcome = by_key.get(str(item.pk)) or PublishOutcome(str(item.pk), False, "no outcome")
+        if outcome.confirmed:
+            sorted_.ok.append(item)
+            continue
+        item.last_error = outcome.reason[:2000] or "not confirmed"
+        if outcome.connection_lost:
+            # Not the message's fault: the attempt is given back, the replay id kept (the
+            # copy may be stored), and the plan waits for the broker (see ``_await_broker``).
+            item.attempts = max(item.attempts - 1, 0)
+            item.status = ItemStatus.PENDING
+            item.next_attempt_at = None
+            sorted_.retry.append(item)
+            continue
+        if outcome.permanent or item.attempts >= plan.max_attempts:
+            sorted_.failed.append((item, item.last_error))
+            continue
+        if _definite_refusal(outcome):
+            item.replay_id = ""  # nothing was enqueued: the next attempt gets its own id
+        item.status = ItemStatus.PENDING
+        item.next_attempt_at = now + dt.timedelta(seconds=backoff(item.attempts))
+        sorted_.retry.append(item)
+    return sorted_
 
 
 def _record_outcomes(
@@ -272,97 +413,86 @@ def _record_outcomes(
     actor: Actor,
     slug: str | None = None,
 ) -> tuple[int, int]:
-    """Step 4: one transaction for the batch's outcomes. Returns (confirmed, failed)."""
-    by_key = {o.key: o for o in outcomes}
+    """Step 4: one transaction for the batch's outcomes. Returns (confirmed, failed). The
+    groups' open counts are not recounted here (see ``_Pipeline.recount``)."""
     now = timezone.now()
-    ok: list[ReplayItem] = []
-    failed: list[tuple[ReplayItem, str]] = []
-    retry: list[ReplayItem] = []
-    for item in items:
-        outcome = by_key.get(str(item.pk)) or PublishOutcome(str(item.pk), False, "no outcome")
-        if outcome.confirmed:
-            ok.append(item)
-            continue
-        item.last_error = outcome.reason[:2000] or "not confirmed"
-        if outcome.connection_lost:
-            # Not the message's fault: the attempt is given back, the replay id kept (the
-            # copy may be stored), and the plan waits for the broker (see ``_await_broker``).
-            item.attempts = max(item.attempts - 1, 0)
-            item.status = ItemStatus.PENDING
-            item.next_attempt_at = None
-            retry.append(item)
-            continue
-        if outcome.permanent or item.attempts >= plan.max_attempts:
-            failed.append((item, item.last_error))
-            continue
-        if _definite_refusal(outcome):
-            item.replay_id = ""  # nothing was enqueued: the next attempt gets its own id
-        item.status = ItemStatus.PENDING
-        item.next_attempt_at = now + dt.timedelta(seconds=backoff(item.attempts))
-        retry.append(item)
+    batch = _sort_outcomes(plan, items, outcomes, now)
     slug = plan.channel.slug if slug is None else slug
     with transaction.atomic():
-        # Only items still SENDING (a concurrent cancel never touches those, see actions).
-        ok_ids = [i.pk for i in ok]
-        n_ok = ReplayItem.objects.filter(pk__any=ok_ids, status=ItemStatus.SENDING).update(
-            status=ItemStatus.CONFIRMED, finished_at=now, last_error=""
-        )
-        entry_ids = [i.entry_id for i in ok]
-        DeadLetter.objects.filter(pk__any=entry_ids).update(status=Status.REPLAYED)
-        refresh_open_counts(entry_ids)
-        specs = [
-            EventSpec(
-                "dlq.replay.replayed",
-                "dlq.deadletter",
-                i.entry_id,
-                f"dead letter #{i.entry_id}",
-                slug,
-                after={
-                    "plan": plan.pk,
-                    "item": i.pk,
-                    "replay_id": i.replay_id,
-                    "attempts": i.attempts,
-                    "target": plan.target_display,
-                },
-            )  # fmt: skip
-            for i in ok
-        ]
-        for item, reason in failed:
-            ReplayItem.objects.filter(pk=item.pk, status=ItemStatus.SENDING).update(
-                status=ItemStatus.FAILED, finished_at=now, last_error=reason
-            )
-        if failed:
-            DeadLetter.objects.filter(pk__any=[i.entry_id for i, _ in failed]).update(
-                status=Status.FAILED
-            )
-        specs += [
-            EventSpec(
-                "dlq.replay.failed",
-                "dlq.deadletter",
-                i.entry_id,
-                f"dead letter #{i.entry_id}",
-                slug,
-                reason=reason,
-                after={
-                    "plan": plan.pk,
-                    "item": i.pk,
-                    "replay_id": i.replay_id,
-                    "attempts": i.attempts,
-                    "target": plan.target_display,
-                },
-                outcome="failed",
-            )  # fmt: skip
-            for i, reason in failed
-        ]
-        if retry:
+        n_ok = _record_confirmed(plan, batch.ok, now, actor, slug)
+        _record_failed(plan, batch.failed, now, actor, slug)
+        if batch.retry:
             ReplayItem.objects.bulk_update(
-                retry, ["status", "next_attempt_at", "last_error", "replay_id", "attempts"]
+                batch.retry, ["status", "next_attempt_at", "last_error", "replay_id", "attempts"]
             )
-        record_many(specs, actor=actor)
         ReplayPlan.objects.filter(pk=plan.pk).update(
-            confirmed=F("confirmed") + n_ok, failed=F("failed") + len(failed)
+            confirmed=F("confirmed") + n_ok, failed=F("failed") + len(batch.failed)
         )
-    return n_ok, len(failed)
+    return n_ok, len(batch.failed)
+
+
+def _outcome_event(plan: ReplayPlan, action: str, slug: str, **extra: Any) -> EventSpec:
+    """The shared part of a batch's per-entry outcome events (``record_uniform``)."""
+    after = {"plan": plan.pk, "item": 0, "replay_id": "", "attempts": 0,
+             "target": plan.target_display}  # fmt: skip
+    return EventSpec(action, "dlq.deadletter", 0, "", slug, after=after, **extra)
+
+
+_PER_ENTRY = ("item", "replay_id", "attempts")
+
+
+def _record_confirmed(
+    plan: ReplayPlan, ok: list[ReplayItem], now: dt.datetime, actor: Actor, slug: str
+) -> int:
+    """Confirmed items: item CONFIRMED, entry REPLAYED, one event each (set-based)."""
+    if not ok:
+        return 0
+    # Only items still SENDING (a concurrent cancel never touches those, see actions).
+    n_ok = ReplayItem.objects.filter(pk__any=[i.pk for i in ok], status=ItemStatus.SENDING).update(
+        status=ItemStatus.CONFIRMED, finished_at=now, last_error=""
+    )
+    DeadLetter.objects.filter(pk__any=[i.entry_id for i in ok]).update(status=Status.REPLAYED)
+    record_uniform(
+        _outcome_event(plan, "dlq.replay.replayed", slug),
+        _PER_ENTRY,
+        [(i.entry_id, f"dead letter #{i.entry_id}", i.pk, i.replay_id, i.attempts) for i in ok],
+        actor=actor,
+    )
+    return n_ok
+
+
+def _record_failed(
+    plan: ReplayPlan,
+    failed: list[tuple[ReplayItem, str]],
+    now: dt.datetime,
+    actor: Actor,
+    slug: str,
+) -> None:
+    """Items failed for good: item and entry FAILED with the reason, one event each."""
+    for item, reason in failed:
+        ReplayItem.objects.filter(pk=item.pk, status=ItemStatus.SENDING).update(
+            status=ItemStatus.FAILED, finished_at=now, last_error=reason
+        )
+    if failed:
+        DeadLetter.objects.filter(pk__any=[i.entry_id for i, _ in failed]).update(
+            status=Status.FAILED
+        )
+    specs = [
+        dataclasses.replace(
+            _outcome_event(plan, "dlq.replay.failed", slug, reason=reason, outcome="failed"),
+            target_id=i.entry_id,
+            target_repr=f"dead letter #{i.entry_id}",
+            after={
+                "plan": plan.pk,
+                "item": i.pk,
+                "replay_id": i.replay_id,
+                "attempts": i.attempts,
+                "target": plan.target_display,
+            },
+        )  # fmt: skip
+        for i, reason in failed
+    ]
+    record_many(specs, actor=actor)
 
 
 class _Publishers:
@@ -522,8 +652,10 @@ def _run_replay(plan: ReplayPlan, owner: str, result: RunResult, max_seconds: fl
             if turn is _Turn.NEXT:
                 continue
             if turn is _Turn.TAKEN_OVER:
+                pipe.recount()
                 return result  # what is in flight stays SENDING for the new owner
             break
+        pipe.recount()
     finally:
         if pipe.flight is not None:  # an error or a lost lease: let the publish end, record nothing
             wait_futures([pipe.flight.outcomes])
@@ -556,6 +688,9 @@ class _Pipeline:
     crash_after: int | None
     batches: int = 0
     flight: _InFlight | None = None
+    # Entries whose status changed since their groups' open counts were last recounted.
+    unrecounted: list[int] = dataclasses.field(default_factory=list)
+    recounted_at: float = dataclasses.field(default_factory=time.monotonic)
 
     def land(self) -> _Landed | None:
         """Step (a): the outcomes of the batch in flight, if any."""
@@ -580,6 +715,21 @@ class _Pipeline:
             self.result.published += len(landed[0])
             self.result.confirmed += ok
             self.result.failed += failed
+            self.unrecounted.extend(i.entry_id for i in landed[0])
+            self.recount(force=False)
+
+    def recount(self, force: bool = True) -> None:
+        """The open counts of the groups of the entries recorded since the last recount: once
+        per ``RECOUNT_S`` or ``RECOUNT_EVERY`` entries, and when the run ends (one recount per
+        batch cost more than the batch's own outcome UPDATEs). A recount cannot drift, so a
+        crash before it leaves the counts behind only until the next recount of the group."""
+        due = len(self.unrecounted) >= RECOUNT_EVERY or (
+            time.monotonic() - self.recounted_at >= RECOUNT_S
+        )
+        if self.unrecounted and (force or due):
+            refresh_open_counts(self.unrecounted)
+            self.unrecounted = []
+            self.recounted_at = time.monotonic()
 
 
 def _turn(pipe: _Pipeline, owner: str, deadline: float) -> _Turn:
@@ -769,21 +919,29 @@ def _pause_unconfigured(plan: ReplayPlan, problem: str, actor: Actor) -> None:
 def _outgoing_batch(
     publishers: _Publishers, items: list[ReplayItem]
 ) -> list[tuple[Address, OutgoingMessage]]:
-    """Step 3's messages, bodies read once per attempt (one query per batch, no model
-    instances: the columns the message needs)."""
-    rows = DeadLetter.objects.filter(pk__any=[i.entry_id for i in items]).values_list(
-        "id", "body", "headers", "properties"
+    """Step 3's messages, bodies read once per attempt: returned by the claim itself
+    (``_claim_due``), else one query per batch (no model instances: the columns the message
+    needs)."""
+    missing = [i.entry_id for i in items if "_columns" not in i.__dict__]
+    rows = (
+        DeadLetter.objects.filter(pk__any=missing).values_list(
+            "id", "body", "headers", "properties"
+        )
+        if missing
+        else []
     )
     columns = {pk: (body, headers, properties) for pk, body, headers, properties in rows}
+    columns.update((i.entry_id, i.__dict__["_columns"]) for i in items if "_columns" in i.__dict__)
     return [(publishers.target_for(columns[i.entry_id][2]), outgoing(*columns[i.entry_id], i))
             for i in items]  # fmt: skip
 
 
 def _batch_limit(plan: ReplayPlan) -> int:
-    """Bounded: ``BATCH_SIZE``, or about one second of messages at a low velocity."""
+    """Bounded: ``FAST_BATCH_SIZE`` without a velocity; with one, ``BATCH_SIZE`` or about one
+    second of messages at a low velocity."""
     if plan.velocity:
         return max(1, min(BATCH_SIZE, int(plan.velocity)))
-    return BATCH_SIZE
+    return FAST_BATCH_SIZE
 
 
 def _next_due_in(plan: ReplayPlan, upto: int | None = None) -> float | None:
