@@ -16,6 +16,7 @@ PERIODIC_JOBS: dict[str, tuple[str, float]] = {
     "prune-samples": ("channels_registry.tasks.prune_samples_task", 600.0),
     "dlq-ingest": ("dlq.tasks.enqueue_ingest_task", 30.0),
     "dlq-retention-purge": ("dlq.tasks.purge_expired_task", 3600.0),
+    "dlq-partitions": ("dlq.tasks.ensure_partitions_task", 600.0),
     "evaluate-alerts": ("alerts.tasks.evaluate_alerts_task", 15.0),
     "deliver-notifications": ("alerts.tasks.deliver_notifications_task", 5.0),
     "prune-alerts": ("alerts.tasks.prune_alerts_task", 3600.0),

@@ -254,6 +254,9 @@ DLO_BROKER_URL_ENV_ALLOW = env_list("DLO_BROKER_URL_ENV_ALLOW", "")
 DLO_BROKER_CREDENTIAL_HOSTS = env_list("DLO_BROKER_CREDENTIAL_HOSTS", "")
 # Brokers polled at the same time (threads per poll cycle), so a hung one delays no other.
 DLO_POLL_CONCURRENCY = env_int("DLO_POLL_CONCURRENCY", 8)
+# Ids per dead-letter partition (PostgreSQL, ``dlq.partitions``): each holds that many entries'
+# worth of ingest time; retention drops a partition once all of it is past policy.
+DLO_DLQ_PARTITION_SIZE = env_int("DLO_DLQ_PARTITION_SIZE", 1_000_000)
 # Raw poll samples are kept this long; 1-minute rollups (for charts) this many days.
 DLO_SAMPLE_RETENTION_HOURS = env_int("DLO_SAMPLE_RETENTION_HOURS", 48)
 DLO_ROLLUP_RETENTION_DAYS = env_int("DLO_ROLLUP_RETENTION_DAYS", 30)

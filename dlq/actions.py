@@ -23,7 +23,7 @@ from audit.actions import Actor, EventSpec, record, record_many
 from audit.sealer import request_checkpoint
 from brokers.base import BrokerError
 from channels_registry.models import BrokerConfigError, Channel, ChannelHealth
-from dlq import retention, search
+from dlq import partitions, retention, search
 from dlq.ingest import IngestResult, ingest_channel
 from dlq.models import (
     DeadLetter,
@@ -78,12 +78,20 @@ def channels_to_ingest() -> list[int]:
 class PurgeResult:
     purged: int = 0
     batches: int = 0
+    partitions_dropped: int = 0
+    entries_dropped: int = 0
 
 
 def do_purge_expired(now: dt.datetime, *, max_batches: int = 100) -> PurgeResult:
-    """Purge the payloads retention says are expired, leaving tombstones (id, hash, size,
-    metadata, ``purged_at``). Bounded batches, each one transaction with its audit event."""
+    """Apply retention. First whole partitions (PostgreSQL): a closed partition whose every
+    entry is past its channel's policy is dropped with its dependants, one audit event each
+    (``dlq.partitions``). Then, row by row, purge the payloads retention says are expired,
+    leaving tombstones (id, hash, size, metadata, ``purged_at``). Bounded batches, each one
+    transaction with its audit event."""
     result = PurgeResult()
+    dropped = partitions.drop_expired_partitions(now)
+    result.partitions_dropped = len(dropped)
+    result.entries_dropped = sum(d["rows"] for d in dropped)
     for channel in retention.channels_with_retention():
         while result.batches < max_batches:
             with transaction.atomic():

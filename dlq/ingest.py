@@ -5,9 +5,11 @@ Per channel and dead-letter address (``ingest_channel``):
 1. ``prepare_drain`` (idempotent), then open a manual-ack drain session.
 2. Fetch a bounded batch (``BATCH_SIZE``); an empty batch means drained.
 3. In ONE transaction: lock the channel row (one ingester per channel at a time), insert the
-   batch with ``bulk_create(ignore_conflicts=True)`` — ``INSERT … ON CONFLICT DO NOTHING`` on
-   PostgreSQL — keyed on the adapter's ``dedupe_key``, add the new rows to their failure groups,
-   and write one ``dlq.ingest`` audit event for the batch.
+   batch with ``bulk_create(ignore_conflicts=True)`` — on PostgreSQL, whose dead-letter table
+   is partitioned, ``INSERT … ON CONFLICT DO NOTHING`` into the key table
+   ``dlq_deadletter_key`` and only the rows whose key was new — keyed on the adapter's
+   ``dedupe_key``, add the new rows to their failure groups, and write one ``dlq.ingest``
+   audit event for the batch.
 4. Only after the commit returned, ``ack`` the batch on the broker. Any exception from step 3
    (including a commit whose outcome is unknown) propagates *without* an ack: the broker keeps
    the messages and the next run re-reads them; the unique ``dedupe_key`` makes that a no-op.
@@ -52,7 +54,7 @@ from channels_registry.models import (
 )
 from dlq import message, redaction, render, search, trends
 from dlq.fingerprint import fingerprint, normalize_error
-from dlq.models import DeadLetter, FailureGroup, Source
+from dlq.models import DeadLetter, DeadLetterKey, FailureGroup, Source
 from dlq.relay import link_replayed_parents
 
 log = logging.getLogger(__name__)
@@ -506,12 +508,20 @@ def _insert_new(built: list[Built], now: dt.datetime) -> dict[str, int]:
             for b in built:
                 values = {**b.entry.__dict__, **b.json_text}
                 copy.write_row([values[a] for a in attnames])
+        # The table is partitioned (dlq.partitions): deduplication is the key table's primary
+        # key. Keys first, then only the entries whose key this statement inserted; the
+        # setting tells the per-row key trigger that the keys are written already.
+        cursor.execute("SELECT set_config('dlo.dedupe_keys_written', 'on', true)")
         cursor.execute(
-            f"INSERT INTO {table} ({columns}) SELECT {columns} FROM dlq_ingest_stage "
-            "ON CONFLICT (dedupe_key) DO NOTHING RETURNING dedupe_key, id"
+            f"WITH fresh AS (INSERT INTO {DeadLetterKey._meta.db_table} (dedupe_key) "
+            "SELECT dedupe_key FROM dlq_ingest_stage ON CONFLICT DO NOTHING "
+            f"RETURNING dedupe_key) INSERT INTO {table} ({columns}) SELECT {columns} "
+            "FROM dlq_ingest_stage JOIN fresh USING (dedupe_key) RETURNING dedupe_key, id"
         )
         inserted = dict(cursor.fetchall())
-        cursor.execute("TRUNCATE dlq_ingest_stage")
+        cursor.execute(
+            "TRUNCATE dlq_ingest_stage; SELECT set_config('dlo.dedupe_keys_written', 'off', true)"
+        )
     return inserted
 
 

@@ -215,6 +215,23 @@ class SearchText(models.Model):
         return f"search text of {self.entry_id}"
 
 
+class DeadLetterKey(models.Model):
+    """Deduplication on PostgreSQL, where ``dlq_deadletter`` is partitioned (``dlq.partitions``)
+    and so cannot carry ``UNIQUE (dedupe_key)``: one row per stored entry's key. Ingest inserts
+    keys first (``ON CONFLICT DO NOTHING``) and stores only the entries whose key it inserted;
+    a trigger does the same for every other insert (a duplicate raises ``IntegrityError``) and
+    follows updates and deletes. Keys leave with their partition. Unused on SQLite, where the
+    dead-letter table keeps its unique constraint."""
+
+    dedupe_key = models.CharField(max_length=200, primary_key=True)
+
+    class Meta:
+        db_table = "dlq_deadletter_key"
+
+    def __str__(self) -> str:
+        return self.dedupe_key
+
+
 # Replay plans and their items (kept in their own module; imported here so Django sees them).
 REPEAT_OFFENDER_REPLAYS = 3
 from dlq.replay_models import (  # noqa: E402
@@ -228,6 +245,7 @@ from dlq.trends import GroupHour  # noqa: E402
 
 __all__ = [
     "DeadLetter",
+    "DeadLetterKey",
     "GroupHour",
     "SearchText",
     "FailureGroup",

@@ -29,11 +29,20 @@ def enqueue_ingest_task() -> int:
 
 @shared_task
 def purge_expired_task() -> int:
-    """Periodic: retention purge (bounded per run), and the groups' trend hours past both
-    windows (``dlq.trends``)."""
+    """Periodic: retention purge (bounded per run): entries purged or dropped; and the
+    groups' trend hours past both windows (``dlq.trends``)."""
     now = timezone.now()
     trends.prune(now)
-    return actions.do_purge_expired(now).purged
+    result = actions.do_purge_expired(now)
+    return result.purged + result.entries_dropped
+
+
+@shared_task
+def ensure_partitions_task() -> int:
+    """Periodic: keep dead-letter partitions ready ahead of the ids (PostgreSQL)."""
+    from dlq import partitions
+
+    return len(partitions.ensure_partitions())
 
 
 @shared_task(
