@@ -183,6 +183,17 @@ def _spec(spec: EventSpec, varying: Sequence[str], row: Row) -> EventSpec:
 _ESCAPES = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"})
 
 
+def _esc(value: str) -> str:
+    """``value`` in COPY's text format (only these four characters are special)."""
+    if "\\" in value or "\t" in value or "\n" in value or "\r" in value:
+        return value.translate(_ESCAPES)
+    return value
+
+
+def _escaped(text: _Text) -> _Text:
+    return _Text([_esc(part) for part in text.parts], text.order)
+
+
 def _copy_value(field: Any, value: Any) -> str:
     """One column in COPY's text format (``\\N`` for NULL)."""
     if value is None:
@@ -193,7 +204,7 @@ def _copy_value(field: Any, value: Any) -> str:
         return "t" if value else "f"
     if field.get_internal_type() == "JSONField":
         value = json.dumps(value, ensure_ascii=False)
-    return str(value).translate(_ESCAPES)
+    return _esc(str(value))
 
 
 def _copy_uniform(template: UniformEvents, rows: Sequence[Row], filled: list[list[str]]) -> None:
@@ -203,14 +214,16 @@ def _copy_uniform(template: UniformEvents, rows: Sequence[Row], filled: list[lis
     at = {name: names.index(name) for name in _VARYING_COLUMNS}
     i_id, i_repr, i_after = at["target_id"], at["target_repr"], at["after"]
     i_index, i_detail = at["index_json"], at["detail_json"]
-    index, detail, after = template.index, template.detail, template.after
+    # Escaping is per character: the template's pieces are escaped once, then only the values.
+    index, detail, after = (_escaped(t) for t in (template.index, template.detail, template.after))
     lines = []
     for row, values in zip(rows, filled, strict=True):
-        line[i_id] = _text(str(row[0]), 64).translate(_ESCAPES)
-        line[i_repr] = _text(str(row[1]), 300).translate(_ESCAPES)
-        line[i_after] = after.fill(values).translate(_ESCAPES)
-        line[i_index] = index.fill(values).translate(_ESCAPES)
-        line[i_detail] = detail.fill(values).translate(_ESCAPES)
+        escaped = [_esc(v) for v in values]
+        line[i_id] = _esc(_text(str(row[0]), 64))
+        line[i_repr] = _esc(_text(str(row[1]), 300))
+        line[i_after] = after.fill(escaped)
+        line[i_index] = index.fill(escaped)
+        line[i_detail] = detail.fill(escaped)
         lines.append("\t".join(line))
     lines.append("")
     columns = ", ".join(connection.ops.quote_name(f.column or f.attname) for f in _COPY_FIELDS)
