@@ -21,6 +21,7 @@ PERIODIC_JOBS: dict[str, tuple[str, float]] = {
     "deliver-notifications": ("alerts.tasks.deliver_notifications_task", 5.0),
     "prune-alerts": ("alerts.tasks.prune_alerts_task", 3600.0),
     "dlq-replay-relay": ("dlq.tasks.resume_replay_plans_task", 10.0),
+    "dlq-freeze-plans": ("dlq.tasks.resume_freezing_plans_task", 2.0),
 }
 
 

@@ -278,6 +278,10 @@ DLO_FOUR_EYES_THRESHOLD = env_int("DLO_FOUR_EYES_THRESHOLD", 1000)
 # …counting everything one person asked for (per action kind) within this many seconds, so
 # splitting a large action into plans under the threshold still needs the second person.
 DLO_FOUR_EYES_WINDOW_S = env_int("DLO_FOUR_EYES_WINDOW_S", 3600)
+# Freezing a plan (dlq/freeze.py): selections up to DLO_FREEZE_INLINE entries are frozen in
+# the request; larger ones in the background, DLO_FREEZE_CHUNK entries per short transaction.
+DLO_FREEZE_INLINE = env_int("DLO_FREEZE_INLINE", 1000)
+DLO_FREEZE_CHUNK = env_int("DLO_FREEZE_CHUNK", 10000)
 # Alerting: /metrics without a token only from these networks; notifications of one broker
 # within this many seconds go out as one message; links in notifications start with this URL.
 METRICS_ALLOWED_NETWORKS = env_list("METRICS_ALLOWED_NETWORKS", "127.0.0.1/32,::1/128")

@@ -23,7 +23,7 @@ from audit.actions import Actor, EventSpec, record, record_many
 from audit.sealer import request_checkpoint
 from brokers.base import BrokerError
 from channels_registry.models import BrokerConfigError, Channel, ChannelHealth
-from dlq import partitions, retention, search
+from dlq import freeze, partitions, retention, search
 from dlq.ingest import IngestResult, ingest_channel
 from dlq.models import (
     DeadLetter,
@@ -35,8 +35,8 @@ from dlq.models import (
     Status,
     refresh_open_counts,
 )
-from dlq.preview import ID_CHUNK, build_preview, ids_digest, ordered_ids
-from dlq.replay_models import FINISHED, HOLDING_ITEMS, RUNNABLE
+from dlq.preview import build_preview
+from dlq.replay_models import FINISHED, RUNNABLE
 
 log = logging.getLogger(__name__)
 
@@ -196,17 +196,19 @@ def do_create_plan(
     override: bool = False,
     override_reason: str = "",
 ) -> tuple[Any, bool]:
-    """Freeze a replay or discard plan over ``selection`` (within the caller's permitted
+    """Create a replay or discard plan over ``selection`` (within the caller's permitted
     ``entries``). Returns ``(plan, created)``; a repeated ``request_key`` (a double-submitted
     form) returns the plan the first submission created.
 
     1. Re-run the preview on the server (never trust what the form echoes back).
     2. Refuse without a reason, a blocked replay without an override and its reason.
-    3. Freeze the exact ids in replay order as items; a replay reserves its entries
-       (REPLAYING) at once, even while it awaits approval, so no second plan takes them.
-    4. Audit the plan (ids digest, target, velocity, warnings, actor, reason) and, per entry,
-       the request — all in this transaction — then enqueue the relay after commit (unless a
-       second person must approve first, or a small discard is simply done now).
+    3. Save the plan (FREEZING) with the selection as confirmed and its id bound.
+    4. Freeze the entries as items (``dlq.freeze``; a replay reserves them, REPLAYING, even
+       while it awaits approval, and audits one request per entry): a small selection at
+       once in this transaction, then the plan's audit event with the ids' digest and the
+       relay enqueued after commit (unless a second person must approve first, or a small
+       discard is simply done now); a larger one audits the plan now and is frozen in the
+       background, in short chunks, with its progress on the plan's page.
     """
 
     existing = _existing_plan(request_key)
@@ -217,14 +219,14 @@ def do_create_plan(
         raise PlanRefused("Give a reason.")
     try:
         with transaction.atomic():
-            preview, override, ids = _plannable(
-                kind, selection, entries, override=override, override_reason=override_reason
+            preview, override = _plannable(
+                kind, selection, override=override, override_reason=override_reason, entries=entries
             )
             plan = _new_plan(
                 kind,
                 selection,
                 preview,
-                ids,
+                freeze.snapshot(kind, selection, entries, actor),
                 actor=actor,
                 reason=reason,
                 request_key=request_key,
@@ -234,12 +236,16 @@ def do_create_plan(
                 override=override,
                 override_reason=override_reason,
             )
-            items = _freeze_items(plan, kind, ids)
-            _audit_plan_created(plan, preview, selection, ids, actor, reason)
-            if kind == PlanKind.REPLAY:
-                _audit_replay_requests(plan, items, ids, actor, reason)
-            if not plan.needs_approval:
-                _start_plan(plan, kind, ids)
+            if preview.eligible > settings.DLO_FREEZE_INLINE:
+                _audit_plan_created(plan, preview, selection, actor, reason, None)
+                freeze.enqueue(plan.pk)
+                return plan, True
+            frozen = freeze.freeze_now(plan, selection, entries, actor)
+            if not frozen.count:
+                raise PlanRefused("None of the matching entries can be planned any more.")
+            _audit_plan_created(plan, preview, selection, actor, reason, frozen)
+            if plan.status == PlanStatus.QUEUED:
+                start_plan(plan)
     except IntegrityError:
         # A concurrent double submit won the unique request_key: answer with its plan.
         existing = _existing_plan(request_key)
@@ -250,11 +256,10 @@ def do_create_plan(
 
 
 def _plannable(
-    kind: str, selection: Any, entries: Any, *, override: bool, override_reason: str
-) -> tuple[Any, bool, list[int]]:
-    """Steps 1-2 of ``do_create_plan``: the server-side preview, the refusals, and the ids
-    no other unfinished plan holds, in replay order. Returns ``(preview, override, ids)``
-    with ``override`` kept only when the preview is blocked."""
+    kind: str, selection: Any, *, entries: Any, override: bool, override_reason: str
+) -> tuple[Any, bool]:
+    """Steps 1-2 of ``do_create_plan``: the server-side preview and the refusals. Returns
+    ``(preview, override)`` with ``override`` kept only when the preview is blocked."""
     preview = build_preview(kind, selection, entries)
     if preview.errors:
         raise PlanRefused(" ".join(preview.errors))
@@ -262,18 +267,14 @@ def _plannable(
         raise PlanRefused(
             "Blocked by the channel's declaration: tick the override and give its reason."
         )
-    override = bool(override and preview.blocked)
-    ids = _unheld(ordered_ids(kind, selection, entries))
-    if not ids:
-        raise PlanRefused("None of the matching entries can be planned any more.")
-    return preview, override, ids
+    return preview, bool(override and preview.blocked)
 
 
 def _new_plan(
     kind: str,
     selection: Any,
     preview: Any,
-    ids: list[int],
+    spec: dict[str, Any],
     *,
     actor: Actor,
     reason: str,
@@ -284,19 +285,21 @@ def _new_plan(
     override: bool,
     override_reason: str,
 ) -> ReplayPlan:
-    """Step 3 of ``do_create_plan``: the plan row, awaiting approval when overridden or
-    when ``actor`` asked for more than the four-eyes threshold within its window."""
-    asked = _recently_asked(kind, actor) + len(ids)
+    """Step 3 of ``do_create_plan``: the plan row, FREEZING, its total the entries selected
+    now; it will await approval when overridden or when ``actor`` asked for more than the
+    four-eyes threshold within its window."""
+    asked = _recently_asked(kind, actor) + preview.eligible
     needs_approval = override or asked > settings.DLO_FOUR_EYES_THRESHOLD
     assert preview.channel is not None
     return ReplayPlan.objects.create(
         kind=kind,
-        status=PlanStatus.AWAITING_APPROVAL if needs_approval else PlanStatus.QUEUED,
+        status=PlanStatus.FREEZING,
         channel=preview.channel,
         target_name=preview.target.name if preview.target else "",
         target_group=preview.target.group if preview.target else "",
         selection=selection.as_json(),
-        total=len(ids),
+        freeze_spec=spec,
+        total=preview.eligible,
         velocity=velocity,
         canary_size=max(canary_size, 0) if kind == PlanKind.REPLAY else 0,
         canary_wait_s=canary_wait_s,
@@ -311,25 +314,25 @@ def _new_plan(
     )
 
 
-def _freeze_items(plan: ReplayPlan, kind: str, ids: list[int]) -> list[ReplayItem]:
-    """Step 3 of ``do_create_plan``: one item per id in order; a replay reserves its
-    entries (REPLAYING) at once."""
-    items = ReplayItem.objects.bulk_create(
-        [ReplayItem(plan=plan, entry_id=pk, position=n) for n, pk in enumerate(ids)],
-        batch_size=2000,
-    )
-    if kind == PlanKind.REPLAY:
-        for start in range(0, len(ids), ID_CHUNK):
-            chunk = ids[start : start + ID_CHUNK]
-            DeadLetter.objects.filter(pk__in=chunk).update(status=Status.REPLAYING)
-            refresh_open_counts(chunk)  # a resolved entry replayed again is open
-    return items
-
-
 def _audit_plan_created(
-    plan: ReplayPlan, preview: Any, selection: Any, ids: list[int], actor: Actor, reason: str
+    plan: ReplayPlan,
+    preview: Any,
+    selection: Any,
+    actor: Actor,
+    reason: str,
+    frozen: freeze.FrozenIds | None,
 ) -> None:
-    """Step 4 of ``do_create_plan``: the plan's own audit event."""
+    """The plan's own audit event: with the frozen ids' digest when frozen in the request,
+    else with the count selected and the id bound (the ``frozen`` event follows)."""
+    facts = (
+        frozen.as_json()
+        if frozen is not None
+        else {
+            "entries": preview.eligible,
+            "upto_id": plan.freeze_spec.get("upto_id"),
+            "freezing": "background",
+        }
+    )
     record(
         f"dlq.{plan.kind}.plan",
         actor=actor,
@@ -337,12 +340,9 @@ def _audit_plan_created(
         channel_slug=plan.channel.slug,
         reason=reason,
         after={
-            "entries": len(ids),
+            **facts,
             "matched": preview.matched,
             "excluded": preview.excluded,
-            "ids_sha256": ids_digest(ids),
-            "first_id": ids[0],
-            "last_id": ids[-1],
             "selection": selection.as_json(),
             "target": plan.target_display,
             "velocity": plan.velocity,
@@ -355,61 +355,16 @@ def _audit_plan_created(
     )
 
 
-def _audit_replay_requests(
-    plan: ReplayPlan, items: list[ReplayItem], ids: list[int], actor: Actor, reason: str
-) -> None:
-    """Step 4 of ``do_create_plan`` for a replay: one request event per entry."""
-    item_ids = {i.entry_id: i.pk for i in items if i.pk}
-    if len(item_ids) != len(ids):  # backends without RETURNING ids on bulk insert
-        item_ids = dict(ReplayItem.objects.filter(plan=plan).values_list("entry_id", "pk"))
-
-    for start in range(0, len(ids), ID_CHUNK):
-        record_many(
-            [
-                EventSpec(
-                    "dlq.replay.request",
-                    "dlq.deadletter",
-                    pk,
-                    f"dead letter #{pk}",
-                    plan.channel.slug,
-                    reason=reason,
-                    after={
-                        "plan": plan.pk,
-                        "item": item_ids[pk],
-                        "target": plan.target_display,
-                    },
-                )  # fmt: skip
-                for pk in ids[start : start + ID_CHUNK]
-            ],
-            actor=actor,
-        )
-
-
-def _start_plan(plan: ReplayPlan, kind: str, ids: list[int]) -> None:
-    """Step 4 of ``do_create_plan`` without a second person: a small discard is done now,
-    anything else is enqueued for the relay after commit."""
-    if kind == PlanKind.DISCARD and len(ids) <= DISCARD_INLINE:
+def start_plan(plan: ReplayPlan) -> None:
+    """A frozen plan without a second person: a small discard is done now, anything else is
+    enqueued for the relay after commit."""
+    if plan.kind == PlanKind.DISCARD and plan.total <= DISCARD_INLINE:
         plan.status = PlanStatus.RUNNING
         ReplayPlan.objects.filter(pk=plan.pk).update(status=PlanStatus.RUNNING)
         _discard_items(plan, list(plan.items.filter(status=ItemStatus.PENDING)))
         _finish_discard(plan)
     else:
         _enqueue_plan(plan.pk)
-
-
-def _unheld(ids: list[int]) -> list[int]:
-    """``ids`` minus entries another unfinished plan holds. A fresh statement after
-    ``ordered_ids`` locked the rows: a plan committed while this one waited for those locks
-    is seen here, though the locking query's own snapshot predates it."""
-    held: set[int] = set()
-    for start in range(0, len(ids), ID_CHUNK):
-        chunk = ids[start : start + ID_CHUNK]
-        held.update(
-            ReplayItem.objects.filter(entry_id__in=chunk, status__in=HOLDING_ITEMS)
-            .exclude(plan__status__in=FINISHED)
-            .values_list("entry_id", flat=True)
-        )
-    return [pk for pk in ids if pk not in held] if held else ids
 
 
 def _recently_asked(kind: str, actor: Actor) -> int:
@@ -541,6 +496,11 @@ def do_approve_plan(plan_id: int, *, actor: Actor, reason: str = "") -> Any:
     """A second person approves a plan awaiting approval; never its own requester."""
 
     plan = _locked_plan(plan_id)
+    if plan.status == PlanStatus.FREEZING:
+        raise PlanRefused(
+            f"The plan is still freezing its entries ({plan.frozen:,} of {plan.total:,}): "
+            "approve it once it is frozen and awaits approval."
+        )
     if plan.status != PlanStatus.AWAITING_APPROVAL:
         state = plan.get_status_display().lower()
         raise PlanRefused(f"The plan is {state}, not awaiting approval.")
@@ -604,8 +564,14 @@ def do_cancel_plan(plan_id: int, *, actor: Actor, reason: str = "") -> Any:
     if plan.status in FINISHED:
         raise PlanRefused(f"The plan is already {plan.get_status_display().lower()}.")
     now = timezone.now()
+    # A freezing plan stops freezing (its freezer's next chunk finds it cancelled and rolls
+    # back); its total becomes what was frozen, all of which is cancelled below.
+    was_freezing = plan.status == PlanStatus.FREEZING
     ReplayPlan.objects.filter(pk=plan.pk).update(
-        status=PlanStatus.CANCELLED, finished_at=now, status_note=reason[:1000]
+        status=PlanStatus.CANCELLED,
+        finished_at=now,
+        status_note=reason[:1000],
+        **({"total": plan.frozen, "lease_owner": "", "lease_until": None} if was_freezing else {}),
     )
     cancelled = 0
     pending = ReplayItem.objects.filter(plan=plan, status=ItemStatus.PENDING)
@@ -640,5 +606,6 @@ def do_cancel_plan(plan_id: int, *, actor: Actor, reason: str = "") -> Any:
         cancelled += len(chunk)
     ReplayPlan.objects.filter(pk=plan.pk).update(cancelled=F("cancelled") + cancelled)
     plan.refresh_from_db()
-    _audit_plan(plan, "cancel", actor, reason, cancelled=cancelled)
+    frozen = {"while_freezing": True, "frozen": plan.total} if was_freezing else {}
+    _audit_plan(plan, "cancel", actor, reason, cancelled=cancelled, **frozen)
     return plan

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.db.models import IntegerField, Lookup
+from django.db.models import ForeignKey, IntegerField, Lookup
 
 
 @IntegerField.register_lookup
@@ -29,3 +29,7 @@ class AnyLookup(Lookup):
         if not values:
             return "1 = 0", tuple(lhs_params)
         return f"{lhs} IN ({', '.join(['%s'] * len(values))})", (*lhs_params, *values)
+
+
+# ``entry_id__any=[…]`` on a foreign key's column as well.
+ForeignKey.register_lookup(AnyLookup)

@@ -36,7 +36,10 @@ class PlanSerializer(serializers.Serializer[ReplayPlan]):
     status = serializers.ChoiceField(choices=PlanStatus.choices)
     channel = serializers.CharField(source="channel.slug", help_text="Channel slug.")
     target = serializers.SerializerMethodField()
-    total = serializers.IntegerField()
+    total = serializers.IntegerField(
+        help_text="Entries of the plan (while freezing: the entries selected at confirmation)."
+    )
+    frozen = serializers.IntegerField(help_text="Entries frozen so far (status freezing).")
     velocity = serializers.FloatField(allow_null=True, help_text="Messages per second.")
     canary_size = serializers.IntegerField()
     sent = serializers.IntegerField(help_text="Publishes made (retries included).")

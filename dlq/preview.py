@@ -14,7 +14,6 @@ from collections.abc import Iterable
 from typing import Any
 
 from django.conf import settings
-from django.db import connection
 from django.db.models import Count, Exists, OuterRef, Q, QuerySet
 
 from brokers.base import Address
@@ -160,13 +159,16 @@ def held_by_open_plans() -> Exists:
     )
 
 
+def plannable_entries(kind: str, entries: QuerySet[DeadLetter]) -> QuerySet[DeadLetter]:
+    """Entries whose own state lets a new plan take them (not yet whether a plan holds them)."""
+    if kind == PlanKind.DISCARD:
+        return entries.exclude(status__in=[Status.DISCARDED, Status.REPLAYING])
+    return entries.exclude(status=Status.REPLAYING).filter(purged_at__isnull=True)
+
+
 def eligible_entries(kind: str, entries: QuerySet[DeadLetter]) -> QuerySet[DeadLetter]:
     """Entries a new plan may take: one open plan per entry at a time."""
-    if kind == PlanKind.DISCARD:
-        chosen = entries.exclude(status__in=[Status.DISCARDED, Status.REPLAYING])
-    else:
-        chosen = entries.exclude(status=Status.REPLAYING).filter(purged_at__isnull=True)
-    return chosen.filter(~held_by_open_plans())
+    return plannable_entries(kind, entries).filter(~held_by_open_plans())
 
 
 def _version_key(value: str) -> tuple[int, ...] | None:
@@ -417,14 +419,6 @@ def build_preview(kind: str, selection: Selection, entries: QuerySet[DeadLetter]
     if not result.eligible and not result.errors:
         result.errors.append("None of the matching entries can be " + kind + "ed.")
     return result
-
-
-def ordered_ids(kind: str, selection: Selection, entries: QuerySet[DeadLetter]) -> list[int]:
-    """The exact ids a plan freezes, in replay order: original dead-letter order, then id."""
-    chosen = eligible_entries(kind, selection.queryset(entries)).order_by("dead_lettered_at", "id")
-    if connection.vendor == "postgresql":
-        chosen = chosen.select_for_update(of=("self",))
-    return list(chosen.values_list("id", flat=True))
 
 
 def ids_digest(ids: Iterable[int]) -> str:

@@ -21,6 +21,9 @@ class PlanKind(models.TextChoices):
 
 
 class PlanStatus(models.TextChoices):
+    # The request saved the plan; a background job is freezing its entries into items, in
+    # short chunks (``dlq.freeze``). The relay does not touch it until it is frozen.
+    FREEZING = "freezing", "Freezing"
     AWAITING_APPROVAL = "awaiting_approval", "Awaiting approval"
     QUEUED = "queued", "Queued"
     RUNNING = "running", "Running"
@@ -108,7 +111,15 @@ class ReplayPlan(models.Model):
     cancelled = models.PositiveIntegerField(default=0)
     discarded = models.PositiveIntegerField(default=0)
     skipped = models.PositiveIntegerField(default=0)
-    # A lease, so exactly one relay works on a plan; an expired lease can be taken over.
+    # Freezing (``dlq.freeze``): the selection to freeze (every id of an explicit selection,
+    # the filter, the id bound taken at confirmation, the requester's address), the items
+    # frozen so far and the (dead_lettered_at, id) of the last entry a committed chunk read.
+    freeze_spec = models.JSONField(default=dict, blank=True)
+    frozen = models.PositiveIntegerField(default=0)
+    freeze_cursor_at = models.DateTimeField(null=True, blank=True)
+    freeze_cursor_id = models.BigIntegerField(null=True, blank=True)
+    frozen_at = models.DateTimeField(null=True, blank=True)
+    # A lease, so exactly one relay (or freezer) works on a plan; an expired one can be taken.
     lease_owner = models.CharField(max_length=64, blank=True)
     lease_until = models.DateTimeField(null=True, blank=True)
 
@@ -133,6 +144,14 @@ class ReplayPlan(models.Model):
     @property
     def pending(self) -> int:
         return max(self.total - self.resolved, 0)
+
+    @property
+    def is_freezing(self) -> bool:
+        return self.status == PlanStatus.FREEZING
+
+    @property
+    def freeze_percent(self) -> int:
+        return min(int(100 * self.frozen / self.total), 100) if self.total else 100
 
     @property
     def percent(self) -> int:

@@ -81,6 +81,13 @@ def bulk_action(request: HtmxHttpRequest, kind: str) -> HttpResponse:
         else:
             if not created:
                 messages.info(request, "This form was already submitted: here is its plan.")
+            elif plan.status == PlanStatus.FREEZING:
+                then = "await a second person's approval" if plan.needs_approval else "start"
+                messages.info(
+                    request,
+                    f"{plan.total:,} entries selected: the plan is freezing them in the "
+                    f"background and will {then} once they are all frozen.",
+                )
             elif plan.status == PlanStatus.AWAITING_APPROVAL:
                 messages.warning(request, "The plan needs a second person's approval to run.")
             return redirect(plan)
@@ -138,8 +145,10 @@ def plan_detail(request: HtmxHttpRequest, pk: int) -> HttpResponse:
     context = _plan_context(request, plan)
     if request.htmx and not request.htmx.boosted:
         response = render(request, "dlq/replay_plan.html#progress", context)
-        if not context.get("live"):
-            # The plan stopped moving: reload once so its controls and items are current too.
+        frozen_since = request.GET.get("freezing") and plan.status != PlanStatus.FREEZING
+        if not context.get("live") or frozen_since:
+            # The plan stopped moving (or finished freezing): reload once so its controls
+            # and items are current too.
             response["HX-Refresh"] = "true"
         return response
     problems = (

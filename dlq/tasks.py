@@ -76,3 +76,38 @@ def resume_replay_plans_task() -> int:
         else:
             run_replay_plan_task.delay(plan_id)
     return len(ids)
+
+
+@shared_task(
+    autoretry_for=(Exception,), retry_backoff=5, retry_backoff_max=300, retry_jitter=True,
+    max_retries=20,
+)  # fmt: skip
+def freeze_plan_task(plan_id: int) -> dict[str, int | str]:
+    """Freeze a plan's entries for one time slice (``dlq.freeze``). Idempotent on re-entry:
+    the plan's lease lets one freezer at a time work on it, and it resumes from the plan's
+    committed cursor. Re-enqueues itself while work is left."""
+    from dlq import freeze
+
+    result = freeze.run_freeze(plan_id)
+    if result.more:
+        freeze_plan_task.delay(plan_id)
+    return {"frozen": result.frozen, "chunks": result.chunks, "status": result.status}
+
+
+@shared_task
+def resume_freezing_plans_task() -> int:
+    """Periodic: freezing plans no freezer holds (a crashed worker, a lost task, or
+    ``make run`` without Celery) are frozen further; in-process, bounded, when tasks run
+    eagerly."""
+    from django.conf import settings
+
+    from dlq import freeze
+
+    eager = settings.CELERY_TASK_ALWAYS_EAGER
+    ids = freeze.orphaned_freezes(grace_s=0 if eager else 30)
+    for plan_id in ids:
+        if eager:
+            freeze.run_freeze(plan_id, max_seconds=freeze.TICK_S)  # the scheduler thread
+        else:
+            freeze_plan_task.delay(plan_id)
+    return len(ids)

@@ -17,10 +17,10 @@ from brokers.base import (
     Publisher,
 )
 from brokers.base import PublishOutcome as Outcome
-from dlq import ingest, relay
+from dlq import freeze, ingest, relay
 from dlq.actions import do_create_plan
 from dlq.filters import EntryFilter
-from dlq.models import DeadLetter, ReplayPlan
+from dlq.models import DeadLetter, PlanStatus, ReplayPlan
 from dlq.preview import Selection
 
 Policy = Callable[[OutgoingMessage, int], Outcome]
@@ -107,4 +107,6 @@ def plan_for(
         kind, selection, DeadLetter.objects.all(), actor=Actor.for_user(user), **options
     )
     assert created
+    if plan.status == PlanStatus.FREEZING:  # a large selection: the background job's part
+        plan = freeze.freeze_to_end(plan.pk)
     return plan

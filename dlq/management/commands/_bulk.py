@@ -71,3 +71,14 @@ def write_preview(out: OutputWrapper, preview: Preview) -> None:
         out.write(f"  error: {e}")
     if preview.needs_approval(False):
         out.write("  needs a second person's approval (four eyes) before it runs")
+
+
+def frozen(out: OutputWrapper, plan: Any) -> Any:
+    """A plan still freezing (a large selection) is frozen here, in the foreground."""
+    from dlq import freeze
+    from dlq.models import PlanStatus
+
+    if plan.status != PlanStatus.FREEZING:
+        return plan
+    out.write(f"{plan}: freezing {plan.total} entries in chunks")
+    return freeze.freeze_to_end(plan.pk)

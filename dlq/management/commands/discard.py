@@ -8,6 +8,7 @@ from dlq.actions import PlanRefused, do_create_plan
 from dlq.management.commands._bulk import (
     actor,
     add_selection_arguments,
+    frozen,
     selection,
     write_preview,
 )
@@ -40,6 +41,7 @@ class Command(BaseCommand):
             )
         except PlanRefused as exc:
             raise CommandError(str(exc)) from exc
+        plan = frozen(self.stdout, plan)
         self.stdout.write(
             f"discard plan #{plan.pk}: {plan.total} entries, {plan.discarded} discarded, "
             f"{plan.status}"

@@ -9,10 +9,11 @@ from dlq.actions import PlanRefused, do_approve_plan, do_create_plan
 from dlq.management.commands._bulk import (
     actor,
     add_selection_arguments,
+    frozen,
     selection,
     write_preview,
 )
-from dlq.models import DeadLetter, PlanKind, PlanStatus
+from dlq.models import DeadLetter, PlanKind, PlanStatus, ReplayPlan
 from dlq.preview import DEFAULT_VELOCITY, build_preview
 
 
@@ -76,11 +77,13 @@ class Command(BaseCommand):
             )
         except PlanRefused as exc:
             raise CommandError(str(exc)) from exc
+        plan = frozen(self.stdout, plan)
         self.stdout.write(f"replay plan #{plan.pk}: {plan.total} entries, {plan.status}")
         if options["run"] and plan.status == PlanStatus.QUEUED:
             self._run(plan.pk, options["max_seconds"])
 
     def _run(self, plan_id: int, max_seconds: float) -> None:
+        frozen(self.stdout, ReplayPlan.objects.get(pk=plan_id))
         result = relay.run_plan(plan_id, max_seconds=max_seconds)
         if not result.claimed:
             raise CommandError(f"Plan #{plan_id} is not runnable or another relay holds it.")

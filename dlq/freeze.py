@@ -1,0 +1,427 @@
+"""Freezing a plan: the exact entries of a confirmed selection become the plan's items.
+
+``dlq.actions.do_create_plan`` saves the plan in FREEZING with what the person confirmed (the
+selection, the number of entries it then had, and an id bound: the largest id it then
+matched). A selection of up to ``DLO_FREEZE_INLINE`` entries is frozen at once, in the
+request's transaction; a larger one by a background job (``freeze_plan_task``, or the
+``dlq-freeze-plans`` tick of the in-process scheduler under ``make run``):
+
+1. Claim the plan's lease (one freezer at a time; an expired lease is taken over).
+2. Per chunk, one short transaction: lock the next ``DLO_FREEZE_CHUNK`` eligible entries of
+   the selection after the cursor, in replay order (``dead_lettered_at``, ``id``: a keyset
+   walk, never all ids in memory), with ``id`` at most the bound (entries arriving later do
+   not join); drop those another plan took meanwhile; insert their items (positions
+   continue), reserve them (REPLAYING) and write one request audit event per entry; last,
+   move the plan's cursor and count — conditional on the plan still FREEZING under this
+   lease, so a cancel or a second freezer makes the chunk roll back whole.
+3. When no entry is left: the plan's total becomes what was frozen, a ``frozen`` audit event
+   carries the ids' digest, and the plan awaits its approval or goes to the relay.
+
+A crash loses at most the chunk in flight: the next run resumes from the committed cursor
+(and ``(plan, entry)`` is unique). No chunk holds a lock another writer waits for: audit
+events are inserted unsealed (no audit head lock, ``audit.sealer``), a failure group's open
+count is recounted only when a resolved entry is reopened, and the plan row is locked only
+from the chunk's last statement to its commit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import os
+import socket
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from django.conf import settings
+from django.db import connection, transaction
+from django.db.models import F, Q, QuerySet
+from django.utils import timezone
+
+from audit.actions import Actor, EventSpec, record, record_many
+from dlq.filters import EntryFilter
+from dlq.models import (
+    RESOLVED,
+    DeadLetter,
+    PlanKind,
+    PlanStatus,
+    ReplayItem,
+    ReplayPlan,
+    Status,
+    refresh_open_counts,
+)
+from dlq.preview import Selection, ids_digest, plannable_entries
+from dlq.replay_models import FINISHED, HOLDING_ITEMS
+
+LEASE_S = 60.0  # renewed by every chunk; a crashed freezer's plan is taken over after this
+SLICE_S = 300.0  # one background run; the task re-enqueues itself for the rest
+TICK_S = 5.0  # one run on the in-process scheduler's thread (``make run``)
+
+
+class Interrupted(Exception):
+    """The plan left FREEZING (cancelled) or another freezer took the lease: the chunk in
+    flight rolls back."""
+
+
+@dataclasses.dataclass
+class FreezeResult:
+    plan_id: int
+    claimed: bool = True
+    chunks: int = 0
+    frozen: int = 0
+    more: bool = False
+    status: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class FrozenIds:
+    """What the plan froze, for its audit event: count, digest and ends, in plan order."""
+
+    count: int
+    digest: str
+    first_id: int | None
+    last_id: int | None
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "entries": self.count,
+            "ids_sha256": self.digest,
+            "first_id": self.first_id,
+            "last_id": self.last_id,
+        }
+
+
+# -- the selection as confirmed --------------------------------------------------------------
+
+
+def snapshot(kind: str, selection: Selection, entries: QuerySet[DeadLetter], actor: Actor) -> dict:
+    """What the background freeze needs to freeze exactly what was confirmed: every id of an
+    explicit selection, the filter, and the id bound (the largest eligible id now)."""
+    bound = (
+        plannable_entries(kind, selection.queryset(entries))
+        .order_by("-id")
+        .values_list("id", flat=True)
+        .first()
+    )
+    return {
+        "ids": list(selection.ids),
+        "filter": selection.filter.params(),
+        "upto_id": bound,
+        "ip": actor.ip,
+    }
+
+
+def _selection(plan: ReplayPlan) -> Selection:
+    spec = plan.freeze_spec
+    return Selection(EntryFilter.from_params(spec.get("filter") or {}), list(spec.get("ids") or []))
+
+
+def _requester(plan: ReplayPlan) -> Actor:
+    return Actor(plan.requested_by_id, plan.requested_by_username, plan.freeze_spec.get("ip"))
+
+
+# -- one chunk ---------------------------------------------------------------------------------
+
+
+def _next_rows(
+    plan: ReplayPlan, selection: Selection, entries: QuerySet[DeadLetter], size: int
+) -> list[tuple[int, dt.datetime, str]]:
+    """The next ``size`` plannable entries after the cursor, in replay order, locked. Whether
+    another plan holds them is ``_held``'s test: as an anti-join here it would read every
+    item of the open plans (this one's too, up to the whole selection) for every chunk."""
+    chosen = plannable_entries(plan.kind, selection.queryset(entries)).filter(
+        pk__lte=plan.freeze_spec.get("upto_id") or 0
+    )
+    if plan.freeze_cursor_id is not None:
+        at, last = plan.freeze_cursor_at, plan.freeze_cursor_id
+        # The first condition alone bounds the index range; the second finishes the keyset.
+        chosen = chosen.filter(dead_lettered_at__gte=at).filter(
+            Q(dead_lettered_at__gt=at) | Q(pk__gt=last)
+        )
+    chosen = chosen.order_by("dead_lettered_at", "id")
+    if connection.vendor == "postgresql":
+        chosen = chosen.select_for_update(of=("self",))
+    return list(chosen.values_list("id", "dead_lettered_at", "status")[:size])
+
+
+def _held(plan: ReplayPlan, ids: list[int]) -> set[int]:
+    """Entries of ``ids`` another unfinished plan holds. A fresh statement after the rows were
+    locked: a plan committed while this one waited for those locks is seen here, though the
+    locking query's own snapshot predates it."""
+    return set(
+        ReplayItem.objects.filter(entry_id__any=ids, status__in=HOLDING_ITEMS)
+        .exclude(plan__status__in=FINISHED)
+        .exclude(plan=plan)
+        .values_list("entry_id", flat=True)
+    )
+
+
+def _insert_items(plan: ReplayPlan, ids: list[int], start: int) -> list[tuple[int, int]]:
+    """One PENDING item per id, positions ``start``…; returns ``(item id, entry id)``."""
+    if connection.vendor == "postgresql":
+        table = connection.ops.quote_name(ReplayItem._meta.db_table)
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"INSERT INTO {table} (plan_id, entry_id, position, status, attempts, "
+                "replay_id, publishes, republished, last_error) "
+                "SELECT %s, t.e, %s + t.o::integer - 1, %s, 0, '', 0, false, '' "
+                "FROM unnest(%s::bigint[]) WITH ORDINALITY AS t(e, o) RETURNING id, entry_id",
+                [plan.pk, start, "pending", ids],
+            )
+            return [(int(a), int(b)) for a, b in cursor.fetchall()]
+    ReplayItem.objects.bulk_create(
+        [ReplayItem(plan=plan, entry_id=pk, position=start + n) for n, pk in enumerate(ids)],
+        batch_size=500,
+    )
+    rows = ReplayItem.objects.filter(plan=plan, entry_id__any=ids).values_list("pk", "entry_id")
+    return list(rows)
+
+
+def _audit_requests(
+    plan: ReplayPlan, pairs: list[tuple[int, int]], actor: Actor, reason: str
+) -> None:
+    """A replay's request event per entry (the same events the one-transaction freeze wrote)."""
+    slug, target = plan.channel.slug, plan.target_display
+    record_many(
+        [
+            EventSpec(
+                "dlq.replay.request",
+                "dlq.deadletter",
+                entry_id,
+                f"dead letter #{entry_id}",
+                slug,
+                reason=reason,
+                after={"plan": plan.pk, "item": item_id, "target": target},
+            )  # fmt: skip
+            for item_id, entry_id in sorted(pairs, key=lambda pair: pair[0])
+        ],
+        actor=actor,
+    )
+
+
+def _advance(
+    plan: ReplayPlan, owner: str | None, count: int, at: dt.datetime, last_id: int
+) -> None:
+    """The chunk's last statement: move the cursor and the count, or raise ``Interrupted``."""
+    now = timezone.now()
+    changes: dict[str, Any] = {
+        "frozen": F("frozen") + count,
+        "freeze_cursor_at": at,
+        "freeze_cursor_id": last_id,
+    }
+    mine = Q(pk=plan.pk, status=PlanStatus.FREEZING, frozen=plan.frozen)
+    if owner is not None:
+        mine &= Q(lease_owner=owner)
+        changes["lease_until"] = now + dt.timedelta(seconds=LEASE_S)
+    if ReplayPlan.objects.filter(mine).update(**changes) != 1:
+        raise Interrupted(f"plan {plan.pk} is no longer freezing under this lease")
+    plan.frozen += count
+    plan.freeze_cursor_at, plan.freeze_cursor_id = at, last_id
+
+
+def freeze_chunk(
+    plan: ReplayPlan,
+    selection: Selection,
+    entries: QuerySet[DeadLetter],
+    *,
+    actor: Actor,
+    size: int,
+    owner: str | None,
+) -> int | None:
+    """Step 2, inside the caller's transaction: freeze the next chunk. Returns how many
+    entries it froze (0 when others held them all), or None when none is left."""
+    rows = _next_rows(plan, selection, entries, size)
+    if not rows:
+        return None
+    last_id, last_at = rows[-1][0], rows[-1][1]
+    held = _held(plan, [r[0] for r in rows])
+    rows = [r for r in rows if r[0] not in held]
+    ids = [r[0] for r in rows]
+    if ids:
+        pairs = _insert_items(plan, ids, plan.frozen)
+        if plan.kind == PlanKind.REPLAY:
+            DeadLetter.objects.filter(pk__any=ids).update(status=Status.REPLAYING)
+            _audit_requests(plan, pairs, actor, plan.reason)
+    _advance(plan, owner, len(ids), last_at, last_id)
+    reopened = [pk for pk, _at, status in rows if status in RESOLVED]
+    if plan.kind == PlanKind.REPLAY and reopened:
+        # A resolved entry replayed again is open: recount its groups, last, so the group
+        # rows (ingest updates them too) stay locked only until the commit that follows.
+        refresh_open_counts(reopened)
+    return len(ids)
+
+
+# -- the whole freeze --------------------------------------------------------------------------
+
+
+def frozen_ids(plan: ReplayPlan) -> FrozenIds:
+    """Digest and ends of the plan's entry ids in plan order (streamed, constant memory)."""
+    seen: list[int] = []  # [count, first, last]
+
+    def ids() -> Iterator[int]:
+        rows = ReplayItem.objects.filter(plan=plan).order_by("position")
+        for pk in rows.values_list("entry_id", flat=True).iterator(chunk_size=10_000):
+            seen[:] = [seen[0] + 1, seen[1], pk] if seen else [1, pk, pk]
+            yield pk
+
+    digest = ids_digest(ids())
+    if not seen:
+        return FrozenIds(0, digest, None, None)
+    return FrozenIds(seen[0], digest, seen[1], seen[2])
+
+
+def _close(plan: ReplayPlan, owner: str | None) -> bool:
+    """Step 3's state change: FREEZING → awaiting approval or queued (cancelled when nothing
+    could be frozen), the total what was frozen, the lease released."""
+    note = ""
+    if plan.frozen == 0:
+        status, note = PlanStatus.CANCELLED, "None of the selected entries could be frozen."
+    else:
+        status = PlanStatus.AWAITING_APPROVAL if plan.needs_approval else PlanStatus.QUEUED
+        if plan.frozen != plan.total:
+            gone = plan.total - plan.frozen
+            note = (
+                f"{plan.total:,} entries were selected; {abs(gone):,} "
+                f"{'changed state or were taken by another plan' if gone > 0 else 'more matched'}"
+                " before they were frozen."
+            )
+    mine = Q(pk=plan.pk, status=PlanStatus.FREEZING)
+    if owner is not None:
+        mine &= Q(lease_owner=owner)
+    now = timezone.now()
+    closed = ReplayPlan.objects.filter(mine).update(
+        status=status,
+        total=plan.frozen,
+        frozen_at=now,
+        status_note=note,
+        lease_owner="",
+        lease_until=None,
+        **({"finished_at": now} if status == PlanStatus.CANCELLED else {}),
+    )
+    plan.refresh_from_db()
+    return closed == 1
+
+
+def freeze_now(
+    plan: ReplayPlan, selection: Selection, entries: QuerySet[DeadLetter], actor: Actor
+) -> FrozenIds:
+    """A small selection, in the caller's (the request's) transaction: every chunk, then the
+    state change. The caller audits the plan with the returned digest."""
+    size = max(settings.DLO_FREEZE_CHUNK, 1)
+    while freeze_chunk(plan, selection, entries, actor=actor, size=size, owner=None) is not None:
+        pass
+    frozen = frozen_ids(plan)
+    if frozen.count:
+        _close(plan, None)
+    return frozen
+
+
+def _finish(plan: ReplayPlan, owner: str, actor: Actor) -> None:
+    """Step 3 in the background: close the plan, audit what was frozen, start it."""
+    from dlq.actions import start_plan
+
+    frozen = frozen_ids(plan)
+    selected = plan.total
+    if not _close(plan, owner):
+        raise Interrupted(f"plan {plan.pk} is no longer freezing under this lease")
+    record(
+        f"dlq.{plan.kind}.frozen",
+        actor=actor,
+        target=plan,
+        channel_slug=plan.channel.slug,
+        reason=plan.reason,
+        after={"status": plan.status, "selected": selected, **frozen.as_json()},
+    )
+    if plan.status == PlanStatus.QUEUED:
+        start_plan(plan)
+
+
+def owner_name() -> str:
+    return f"freeze:{socket.gethostname()}:{os.getpid()}"
+
+
+def _claim(plan_id: int, owner: str) -> bool:
+    now = timezone.now()
+    free = Q(lease_until__isnull=True) | Q(lease_until__lt=now) | Q(lease_owner=owner)
+    lease = now + dt.timedelta(seconds=LEASE_S)
+    claimed = ReplayPlan.objects.filter(free, pk=plan_id, status=PlanStatus.FREEZING).update(
+        lease_owner=owner, lease_until=lease
+    )
+    return claimed == 1
+
+
+def _release(plan_id: int, owner: str) -> None:
+    ReplayPlan.objects.filter(pk=plan_id, lease_owner=owner).update(
+        lease_owner="", lease_until=None
+    )
+
+
+def run_freeze(
+    plan_id: int,
+    *,
+    max_seconds: float = SLICE_S,
+    max_chunks: int | None = None,
+    owner: str | None = None,
+) -> FreezeResult:
+    """Steps 1-3 for at most ``max_seconds`` or ``max_chunks`` (``more``: work is left)."""
+    owner = owner or owner_name()
+    result = FreezeResult(plan_id)
+    if not _claim(plan_id, owner):
+        result.claimed = False
+        return result
+    deadline = time.monotonic() + max_seconds
+    try:
+        plan = ReplayPlan.objects.select_related("channel").get(pk=plan_id)
+        selection, actor = _selection(plan), _requester(plan)
+        size = max(settings.DLO_FREEZE_CHUNK, 1)
+        while True:
+            if time.monotonic() >= deadline or result.chunks == max_chunks:
+                result.more = True
+                break
+            with transaction.atomic():
+                count = freeze_chunk(
+                    plan, selection, DeadLetter.objects.all(), actor=actor, size=size, owner=owner
+                )
+                if count is None:
+                    _finish(plan, owner, actor)
+                    break
+            result.chunks += 1
+            result.frozen += count
+    except Interrupted:
+        pass
+    finally:
+        _release(plan_id, owner)
+    result.status = ReplayPlan.objects.filter(pk=plan_id).values_list("status", flat=True)[0]
+    return result
+
+
+def orphaned_freezes(*, grace_s: float, limit: int = 50) -> list[int]:
+    """FREEZING plans no freezer holds: never claimed for ``grace_s`` (their task was lost),
+    or whose lease expired (their freezer died)."""
+    now = timezone.now()
+    unclaimed = Q(lease_until__isnull=True, created_at__lte=now - dt.timedelta(seconds=grace_s))
+    plans = ReplayPlan.objects.filter(unclaimed | Q(lease_until__lt=now))
+    ids = plans.filter(status=PlanStatus.FREEZING).order_by("id").values_list("id", flat=True)
+    return list(ids[:limit])
+
+
+def enqueue(plan_id: int) -> None:
+    """Freeze in a worker after the commit. Without a Celery broker (``make run``: tasks would
+    run eagerly, inside the request) the scheduler's ``dlq-freeze-plans`` tick does it."""
+    from dlq.tasks import freeze_plan_task
+
+    if settings.CELERY_TASK_ALWAYS_EAGER:
+        return
+    transaction.on_commit(lambda: freeze_plan_task.delay(plan_id))
+
+
+def freeze_to_end(plan_id: int, *, wait_s: float = 0.5) -> ReplayPlan:
+    """Freeze in this process until the plan is frozen (or cancelled), for the commands that
+    act in the foreground; when another freezer holds the plan, wait for it."""
+    while True:
+        result = run_freeze(plan_id, max_seconds=SLICE_S)
+        if result.status != PlanStatus.FREEZING:
+            return ReplayPlan.objects.get(pk=plan_id)
+        if not result.claimed:
+            time.sleep(wait_s)
