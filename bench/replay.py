@@ -110,7 +110,7 @@ def relay(channel: Any) -> float:
     from django.contrib.auth.models import User
 
     from audit.actions import Actor
-    from dlq import relay
+    from dlq import freeze, relay
     from dlq.actions import do_approve_plan, do_create_plan
     from dlq.filters import EntryFilter
     from dlq.models import DeadLetter, PlanStatus
@@ -124,6 +124,8 @@ def relay(channel: Any) -> float:
         "replay", selection, DeadLetter.objects.all(), actor=Actor.for_user(requester),
         reason="bench", velocity=None,
     )  # fmt: skip
+    if plan.status == PlanStatus.FREEZING:  # the background job's part (bench/freeze.py)
+        plan = freeze.freeze_to_end(plan.pk)
     if plan.status == PlanStatus.AWAITING_APPROVAL:
         do_approve_plan(plan.pk, actor=Actor.for_user(approver), reason="bench")
     frozen = time.monotonic() - started

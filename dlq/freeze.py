@@ -39,7 +39,8 @@ from django.db import connection, transaction
 from django.db.models import F, Q, QuerySet
 from django.utils import timezone
 
-from audit.actions import Actor, EventSpec, record, record_many
+from audit.actions import Actor, EventSpec, record
+from audit.batch import record_uniform
 from dlq.filters import EntryFilter
 from dlq.models import (
     RESOLVED,
@@ -181,23 +182,14 @@ def _insert_items(plan: ReplayPlan, ids: list[int], start: int) -> list[tuple[in
 def _audit_requests(
     plan: ReplayPlan, pairs: list[tuple[int, int]], actor: Actor, reason: str
 ) -> None:
-    """A replay's request event per entry (the same events the one-transaction freeze wrote)."""
-    slug, target = plan.channel.slug, plan.target_display
-    record_many(
-        [
-            EventSpec(
-                "dlq.replay.request",
-                "dlq.deadletter",
-                entry_id,
-                f"dead letter #{entry_id}",
-                slug,
-                reason=reason,
-                after={"plan": plan.pk, "item": item_id, "target": target},
-            )  # fmt: skip
-            for item_id, entry_id in sorted(pairs, key=lambda pair: pair[0])
-        ],
-        actor=actor,
-    )
+    """A replay's request event per entry (the same events the one-transaction freeze wrote),
+    from one template: they differ only in the entry and its item."""
+    spec = EventSpec(
+        "dlq.replay.request", "dlq.deadletter", 0, "", plan.channel.slug, reason=reason,
+        after={"plan": plan.pk, "item": 0, "target": plan.target_display},
+    )  # fmt: skip
+    rows = [(entry_id, f"dead letter #{entry_id}", item_id) for item_id, entry_id in sorted(pairs)]
+    record_uniform(spec, ["item"], rows, actor=actor)
 
 
 def _advance(

@@ -12,7 +12,6 @@ from typing import Any
 import pytest
 from django.contrib.auth.models import User
 from django.db import connection, transaction
-from django.test import override_settings
 from django.utils import timezone
 
 from audit.actions import Actor, record
@@ -27,7 +26,18 @@ from tests.dlq.conftest import letter, store
 
 pytestmark = pytest.mark.django_db
 
-SMALL = override_settings(DLO_FREEZE_INLINE=2, DLO_FREEZE_CHUNK=3, DLO_FOUR_EYES_THRESHOLD=100)
+
+@pytest.fixture
+def small(settings: Any) -> Any:
+    """Anything above 2 entries frozen in the background, 3 per chunk, no second person.
+    (Through the ``settings`` fixture only: mixed with ``override_settings`` its teardown
+    would restore the overridden values for the tests that follow.)"""
+    settings.DLO_FREEZE_INLINE, settings.DLO_FREEZE_CHUNK = 2, 3
+    settings.DLO_FOUR_EYES_THRESHOLD = 100
+    return settings
+
+
+SMALL = pytest.mark.usefixtures("small")
 
 
 def _entries(n: int = 10, channel: Any = None) -> list[DeadLetter]:
@@ -134,7 +144,7 @@ def test_a_crash_between_chunks_resumes_from_the_last_committed_chunk(
 
 @SMALL
 def test_entries_another_plan_took_meanwhile_are_left_out_and_the_total_says_so(
-    oncall: User,
+    oncall: User, small: Any
 ) -> None:
     entries = _entries(10)
     plan = _create(oncall)
@@ -144,11 +154,12 @@ def test_entries_another_plan_took_meanwhile_are_left_out_and_the_total_says_so(
         "replay", Selection(EntryFilter(), taken[:1]), DeadLetter.objects.all(),
         actor=Actor.for_user(oncall), reason="urgent one",
     )  # fmt: skip
-    with override_settings(DLO_FOUR_EYES_THRESHOLD=0):  # held by its items, state unchanged
-        discard, _ = do_create_plan(
-            "discard", Selection(EntryFilter(), taken[1:]), DeadLetter.objects.all(),
-            actor=Actor.for_user(oncall), reason="junk",
-        )  # fmt: skip
+    small.DLO_FOUR_EYES_THRESHOLD = 0  # awaits approval: held by its items, state unchanged
+    discard, _ = do_create_plan(
+        "discard", Selection(EntryFilter(), taken[1:]), DeadLetter.objects.all(),
+        actor=Actor.for_user(oncall), reason="junk",
+    )  # fmt: skip
+    small.DLO_FOUR_EYES_THRESHOLD = 100
     assert replay.status == PlanStatus.QUEUED
     assert discard.status == PlanStatus.AWAITING_APPROVAL
     freeze.run_freeze(plan.pk)
@@ -191,11 +202,13 @@ def test_cancelling_a_freezing_plan_stops_the_freeze_and_frees_what_was_frozen(
 
 
 @SMALL
-def test_approving_a_freezing_plan_is_refused_until_it_is_frozen(oncall: User) -> None:
+def test_approving_a_freezing_plan_is_refused_until_it_is_frozen(
+    oncall: User, settings: Any
+) -> None:
     approver = make_user("olivia", "oncall")  # on-call may approve another's plan
     _entries(10)
-    with override_settings(DLO_FOUR_EYES_THRESHOLD=5):
-        plan = _create(oncall)
+    settings.DLO_FOUR_EYES_THRESHOLD = 5
+    plan = _create(oncall)
     assert plan.status == PlanStatus.FREEZING and plan.needs_approval
     freeze.run_freeze(plan.pk, max_chunks=1)
     with pytest.raises(PlanRefused, match=r"still freezing its entries \(3 of 10\)"):
@@ -273,9 +286,8 @@ def test_the_plan_page_and_the_api_show_the_freeze_progress(oncall: User) -> Non
 
 
 @pytest.mark.django_db(transaction=True)
-@override_settings(DLO_FREEZE_INLINE=2, DLO_FREEZE_CHUNK=4, DLO_FOUR_EYES_THRESHOLD=100)
 def test_other_audited_writers_and_ingest_go_on_while_a_chunk_is_open(
-    settings: Any, monkeypatch: pytest.MonkeyPatch
+    small: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A chunk's transaction is held open (after its items, status changes and request audit
     events, before its commit) while another connection records audited actions, ingests a
@@ -283,7 +295,8 @@ def test_other_audited_writers_and_ingest_go_on_while_a_chunk_is_open(
     completes while the chunk is still open. A lock wait would fail them (lock_timeout)."""
     if connection.vendor != "postgresql":
         pytest.skip("row locks and concurrent transactions: PostgreSQL")
-    settings.DLO_AUDIT_SEALER = "thread"  # production's: no writer takes the audit head lock
+    small.DLO_FREEZE_CHUNK = 4
+    small.DLO_AUDIT_SEALER = "thread"  # production's: no writer takes the audit head lock
     user = make_user("otto", "oncall")
     channel = make_channel()
     resolved = _entries(6, channel)
@@ -362,15 +375,14 @@ def _wait_sealed() -> None:
 
 
 @pytest.mark.django_db(transaction=True)
-@override_settings(DLO_FREEZE_INLINE=2, DLO_FREEZE_CHUNK=3, DLO_FOUR_EYES_THRESHOLD=100)
 def test_a_cancel_during_an_open_chunk_rolls_that_chunk_back(
-    settings: Any, monkeypatch: pytest.MonkeyPatch
+    small: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     if connection.vendor != "postgresql":
         pytest.skip("concurrent transactions: PostgreSQL")
     # Production's sealer: "inline" (the suite's) makes every recording transaction, a
     # chunk's too, hold the audit head lock until it commits, so a cancel would queue on it.
-    settings.DLO_AUDIT_SEALER = "thread"
+    small.DLO_AUDIT_SEALER = "thread"
     user = make_user("otto", "oncall")
     entries = _entries(10)
     plan = _create(user)

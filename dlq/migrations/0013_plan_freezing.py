@@ -5,7 +5,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("dlq", "0010_group_trend_index"),
+        ("dlq", "0012_partition_dead_letters"),
     ]
 
     operations = [
