@@ -32,6 +32,11 @@ from dlq.models import DeadLetter, FailureGroup, Source, Status
 from dlq.replay_views import lineage_context
 
 GROUPS_SHOWN = 200
+#: What a row shows (``dlq.groups_html``): of the channel only its slug, not its ~50 fields.
+GROUP_FIELDS = (
+    "channel__slug", "reason", "error_class", "normalized_error", "count", "open_count",
+    "first_seen", "last_seen", "message_type", "sample_id",
+)  # fmt: skip
 
 
 def _group_rows(shown: list[FailureGroup]) -> list[dict[str, Any]]:
@@ -71,6 +76,7 @@ def group_list(request: HtmxHttpRequest) -> HttpResponse:
     ordered = (
         groups.select_related(None)
         .select_related("channel")
+        .only(*GROUP_FIELDS)
         .order_by("-open_count", "-last_seen", "-id")
     )
     shown = list(ordered[: GROUPS_SHOWN + 1])
@@ -110,7 +116,6 @@ def entry_list(request: HtmxHttpRequest) -> HttpResponse:
         "total": None if after_id else approximate_total(entries, f),
         "next_qs": f.query_string(after=page.next_after) if page.next_after else "",
         "first_qs": f.query_string(),
-        "channels": channels_for_user(request).values_list("slug", flat=True),
         "sources": Source.choices,
         "statuses": Status.choices,
         "group": groups_for_user(request).filter(pk=f.group).first() if f.group else None,
@@ -121,6 +126,9 @@ def entry_list(request: HtmxHttpRequest) -> HttpResponse:
     template = "dlq/entry_list.html"
     if request.htmx and not request.htmx.boosted:
         template += "#results"
+    else:  # the filter form is outside the partial; a select of every channel (see options)
+        slugs = channels_for_user(request).values_list("slug", flat=True)
+        context["channel_options"] = options(slugs, f.channel)
     return render(request, template, context)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 import importlib
+import re
 from collections import Counter
 from typing import Any
 
@@ -143,3 +144,22 @@ def test_groups_page_shows_the_stored_trend_of_each_group(
         assert f"{n_recent} {arrow} {n_previous}</span>" in html
         shown.append((n_recent, n_previous))
     assert sorted(shown) == [(4, 1), (5, 2)]
+
+
+def test_channel_filters_list_every_channel_and_mark_the_chosen_one(viewer: User) -> None:
+    make_channel()
+    make_channel(slug="billing", address="billing", dlq_address="billing.dlq")
+    client = client_for(viewer)
+    for url, chosen in (
+        ("/dead-letters/?channel=billing", "billing"),
+        ("/dead-letters/list/?channel=billing", "billing"),
+        ("/dead-letters/", ""),
+    ):
+        html = client.get(url).content.decode()
+        select = html[html.index('<select name="channel"') : html.index("</select>")]
+        options = re.findall(r'<option value="([^"]*)"( selected)?>', select)
+        assert sorted(v for v, _ in options) == ["", "billing", "orders"]
+        assert [v for v, s in options if s] == ([chosen] if chosen else [])
+    # The htmx partial of either page leaves the form (and its select) alone.
+    partial = client.get("/dead-letters/list/", headers={"HX-Request": "true"}).content.decode()
+    assert '<select name="channel"' not in partial
