@@ -91,3 +91,23 @@ def test_the_pushed_row_is_the_row_the_page_shows(
 
     assert same(_row(pushed_html, channel.pk)) == same(page)
     assert 'hx-swap-oob="true"' in pushed["html"] and 'hx-swap-oob="true"' not in page
+
+
+@pytest.mark.parametrize(
+    "values",
+    [[], ["orders"], [HOSTILE, "a-b", "z"], ["a\x00b", "<c>"], ["", "a", ""]],
+)
+def test_channel_options_render_as_the_template_loop_did(values: list[str]) -> None:
+    """``dashboard.html.options`` replaces a template loop: same output, escaping included
+    (also when a value holds the NUL it joins on)."""
+    from django.template import engines
+
+    from dashboard.html import options
+
+    loop = engines["django"].from_string(
+        '{% for c in channels %}<option value="{{ c }}"{% if c == channel %} selected{% endif %}>'
+        "{{ c }}</option>{% endfor %}"
+    )
+    for chosen in ["", "a-b", HOSTILE, "a\x00b"]:
+        expected = loop.render({"channels": values, "channel": chosen})
+        assert str(options(values, chosen)) == expected
