@@ -217,17 +217,41 @@ def fill(channels: list[Any], groups: list[Any]) -> None:
     print(f"filled {ROWS - have} rows in {time.perf_counter() - started:.0f} s")
 
 
-def timed(client: Any, url: str) -> tuple[float, float]:
-    samples = []
-    for i in range(RUNS + 2):
+class SqlClock:
+    """``connection.execute_wrapper``: statements and the time spent waiting for them."""
+
+    def __init__(self) -> None:
+        self.queries = 0
+        self.seconds = 0.0
+
+    def __call__(self, execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
         started = time.perf_counter()
-        response = client.get(url)
+        try:
+            return execute(sql, params, many, context)
+        finally:
+            self.seconds += time.perf_counter() - started
+            self.queries += 1
+
+
+def timed(client: Any, url: str) -> tuple[float, float, float, int]:
+    """p50 and p95 of the whole request, median SQL wait (ms) and statements per request."""
+    from django.db import connection
+
+    samples, sql, queries = [], [], 0
+    for i in range(RUNS + 2):
+        clock = SqlClock()
+        started = time.perf_counter()
+        with connection.execute_wrapper(clock):
+            response = client.get(url)
         elapsed = (time.perf_counter() - started) * 1000
         assert response.status_code == 200, (url, response.status_code)
         if i >= 2:  # two warm-ups
             samples.append(elapsed)
+            sql.append(clock.seconds * 1000)
+            queries = clock.queries
     samples.sort()
-    return statistics.median(samples), samples[int(len(samples) * 0.95) - 1]
+    p95 = samples[int(len(samples) * 0.95) - 1]
+    return statistics.median(samples), p95, statistics.median(sql), queries
 
 
 def cases(channels: list[Any]) -> list[tuple[str, str, str]]:
@@ -284,14 +308,15 @@ def main() -> None:
     browser = client()
     print(f"{DeadLetter.objects.count()} entries; {RUNS} runs each; server time in ms "
           f"(Django test client); load: {subprocess.getoutput('uptime').strip()}")  # fmt: skip
-    print(f"{'page':26} {'triage p50':>10} {'p95':>7} {'admin p50':>10} {'p95':>8} {'ratio':>6}")
+    print(f"{'page':26} {'triage p50':>10} {'p95':>7} {'sql':>6} {'q':>3} "
+          f"{'admin p50':>10} {'p95':>8} {'ratio':>6}")  # fmt: skip
     for name, ours, admin in cases(channels):
-        o50, o95 = timed(browser, ours)
-        if not ADMIN:
-            print(f"{name:26} {o50:10.1f} {o95:7.1f}")
-            continue
-        a50, a95 = timed(browser, admin)
-        print(f"{name:26} {o50:10.1f} {o95:7.1f} {a50:10.1f} {a95:8.1f} {a50 / o50:5.0f}x")
+        o50, o95, osql, oq = timed(browser, ours)
+        line = f"{name:26} {o50:10.1f} {o95:7.1f} {osql:6.1f} {oq:3}"
+        if ADMIN:
+            a50, a95, _, _ = timed(browser, admin)
+            line += f" {a50:10.1f} {a95:8.1f} {a50 / o50:5.0f}x"
+        print(line, flush=True)
     print(f"load after: {subprocess.getoutput('uptime').strip()}")
 
 
