@@ -216,10 +216,42 @@ def approximate_total(entries: QuerySet[DeadLetter], f: EntryFilter) -> Total:
     """Unfiltered on PostgreSQL: the planner's row estimate (free, ``_ESTIMATE_SQL``) when it is
     past the cap. Otherwise a count capped at ``COUNT_CAP`` + 1 rows, so it costs at most that
     many index entries."""
+    estimated = _estimated_total(f)
+    if estimated is not None:
+        return estimated
+    count = entries.order_by().values("id")[: COUNT_CAP + 1].count()
+    return _capped(count)
+
+
+def _estimated_total(f: EntryFilter) -> Total | None:
+    """The free total of an unfiltered list on PostgreSQL, if the table is past the cap."""
     if f.is_empty and connection.vendor == "postgresql":
         estimate = _estimate()
         # A small (or never analyzed) table is counted: exact, and cheap below the cap.
         if estimate > COUNT_CAP:
             return Total(estimate, exact=False, capped=False)
-    count = entries.order_by().values("id")[: COUNT_CAP + 1].count()
+    return None
+
+
+def _capped(count: int) -> Total:
     return Total(min(count, COUNT_CAP), exact=True, capped=count > COUNT_CAP)
+
+
+def first_page(
+    entries: QuerySet[DeadLetter], f: EntryFilter, size: int, rows: QuerySet[DeadLetter]
+) -> tuple[Page, Total]:
+    """The first page and its total from one walk of the filter: the ids of up to
+    ``COUNT_CAP`` + 1 matches, newest first, give the total and the page's ids; ``rows`` (the
+    whole table, with the columns and joins the page shows) loads those ``size`` rows by
+    primary key. So the filter — for a text search the trigram scan, the costliest part of the
+    page — runs once, not once for the page and again for the count. An unfiltered list takes
+    the planner's estimate and a plain keyset page of ``entries``."""
+    estimated = _estimated_total(f)
+    if estimated is not None:
+        return keyset_page(entries, None, size), estimated
+    ids = list(entries.order_by("-id").values_list("id", flat=True)[: COUNT_CAP + 1])
+    shown = ids[:size]
+    found = {e.pk: e for e in rows.filter(pk__in=shown)} if shown else {}
+    # An entry gone between the two statements (retention) is simply not shown.
+    page = Page([found[i] for i in shown if i in found], ids[size - 1] if len(ids) > size else None)
+    return page, _capped(len(ids))

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib import messages
+from django.db.models import QuerySet
 from django.db.models.functions import Substr
 from django.http import Http404, HttpResponse
 from django.shortcuts import render
@@ -26,7 +27,8 @@ from dlq.access import (
     require_reveal,
 )
 from dlq.actions import do_record_download, do_reveal_entry
-from dlq.filters import PAGE_SIZE, EntryFilter, approximate_total, keyset_page, parse_id
+from dlq.entries_html import entry_rows_html
+from dlq.filters import PAGE_SIZE, EntryFilter, first_page, keyset_page, parse_id
 from dlq.groups_html import group_rows_html
 from dlq.models import DeadLetter, FailureGroup, Source, Status
 from dlq.replay_views import lineage_context
@@ -36,6 +38,13 @@ GROUPS_SHOWN = 200
 GROUP_FIELDS = (
     "channel__slug", "reason", "error_class", "normalized_error", "count", "open_count",
     "first_seen", "last_seen", "message_type", "sample_id",
+)  # fmt: skip
+#: What an entry list row shows (``dlq.entries_html``): never the body (up to 1 MiB), headers
+#: or search text, and of the channel only its slug and retention (the eviction warning).
+ENTRY_ROW_FIELDS = (
+    "channel__slug", "channel__retention_s", "source", "status", "message_type", "reason",
+    "error_class", "error_message", "idempotency_key", "missing_idempotency_key",
+    "dead_lettered_at", "ingested_at", "size", "generation", "parent_id", "purged_at",
 )  # fmt: skip
 
 
@@ -96,32 +105,39 @@ def group_list(request: HtmxHttpRequest) -> HttpResponse:
     return render(request, template, context)
 
 
+def _row_columns(entries: QuerySet[DeadLetter]) -> QuerySet[DeadLetter]:
+    """Only what a row shows: never 50 bodies (up to 1 MiB each), headers or search text."""
+    return entries.select_related("channel").only(*ENTRY_ROW_FIELDS)
+
+
 @require_GET
 def entry_list(request: HtmxHttpRequest) -> HttpResponse:
     f = EntryFilter.from_params(request.GET)
-    # The list shows metadata only: never load 50 bodies (up to 1 MiB each), headers or the
-    # search text to render one page.
-    entries = (
-        f.apply(entries_for_user(request))
-        .select_related("channel")
-        .defer("body", "headers", "properties", "death_history", "search_text")
-    )
     after_id = parse_id(request.GET.get("after", ""))
-    page = keyset_page(entries, after_id, PAGE_SIZE)
+    entries = _row_columns(f.apply(entries_for_user(request)))
+    total = None
+    if after_id:  # a continued page: no count
+        page = keyset_page(entries, after_id, PAGE_SIZE)
+    else:
+        page, total = first_page(entries, f, PAGE_SIZE, _row_columns(DeadLetter.objects.all()))
     now = timezone.now()
+    rows = [(e, e.near_eviction(now)) for e in page.rows]
+    can_bulk = request.user.has_perm("dlq.replay_deadletter") or request.user.has_perm(
+        "dlq.discard_deadletter"
+    )
     context: dict[str, Any] = {
         "f": f,
         "page": page,
-        "rows": [(e, e.near_eviction(now)) for e in page.rows],
-        "total": None if after_id else approximate_total(entries, f),
+        "rows": rows,
+        "rows_html": entry_rows_html(rows, f.channel, can_bulk),
+        "total": total,
         "next_qs": f.query_string(after=page.next_after) if page.next_after else "",
         "first_qs": f.query_string(),
         "sources": Source.choices,
         "statuses": Status.choices,
         "group": groups_for_user(request).filter(pk=f.group).first() if f.group else None,
         "paged": after_id is not None,
-        "can_bulk": request.user.has_perm("dlq.replay_deadletter")
-        or request.user.has_perm("dlq.discard_deadletter"),
+        "can_bulk": can_bulk,
     }
     template = "dlq/entry_list.html"
     if request.htmx and not request.htmx.boosted:
