@@ -15,7 +15,10 @@ This module:
 * ``drop_expired_partitions`` removes a whole closed partition when every row in it is past
   its own channel's retention (resolved, on a channel that declares a window, ingested before
   ``now - retention_s``); its dependants (search text, dedupe keys, replay items, parent links,
-  group samples) go first, and one audit event per partition says what went and why. A
+  group samples) go first, and one audit event per partition says what went and why. The
+  partition is detached (retrying for the parent's brief exclusive lock) and truncated in that
+  transaction, and the empty table dropped after it, or by a later run when its foreign keys'
+  tables are too busy to lock. A
   partition with even one row its channel's policy still keeps stays, and the row-by-row
   purge (``dlq.actions.do_purge_expired``) tombstones what it may.
 """
@@ -26,10 +29,11 @@ import dataclasses
 import datetime as dt
 import logging
 import re
+import time
 from typing import Any
 
 from django.conf import settings
-from django.db import DatabaseError, connection, transaction
+from django.db import DatabaseError, OperationalError, connection, transaction
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +46,10 @@ AHEAD = 2
 #: How long a drop waits for its brief exclusive lock before giving up until the next run
 #: (a waiting exclusive lock queues the pages' reads behind it).
 DROP_LOCK_TIMEOUT = "500ms"
+#: Attempts at the parent's lock for DETACH, each ``DROP_LOCK_TIMEOUT`` at most, backing off
+#: ``DETACH_BACKOFF_S`` × the attempt's number in between (~1 minute in all).
+DETACH_ATTEMPTS = 10
+DETACH_BACKOFF_S = 1.0
 
 _BOUND = re.compile(r"FROM \('?(-?\d+)'?\) TO \('?(-?\d+)'?\)")
 
@@ -190,8 +198,26 @@ def _drop_dependants(cursor: Any, part: Partition) -> None:
     cursor.execute(f"DELETE FROM {KEYS} k USING {part.name} d WHERE k.dedupe_key = d.dedupe_key")
 
 
+def _detach(cursor: Any, part: Partition) -> None:
+    """``DETACH PARTITION`` needs the parent's exclusive lock for a moment, and every ingest
+    batch and page read holds a weaker one: a busy store rarely gives it within one
+    ``DROP_LOCK_TIMEOUT``. Each attempt waits that long at most (so the pages queue behind it
+    no longer), then backs off; the work before it (the dependants) is kept across attempts by
+    the savepoint. Raises the last lock timeout after ``DETACH_ATTEMPTS``."""
+    for attempt in range(DETACH_ATTEMPTS):
+        try:
+            with transaction.atomic():
+                cursor.execute(f"ALTER TABLE {TABLE} DETACH PARTITION {part.name}")
+            return
+        except OperationalError:  # lock_timeout: readers or writers of the parent
+            if attempt == DETACH_ATTEMPTS - 1:
+                raise
+            time.sleep(DETACH_BACKOFF_S * (attempt + 1))
+
+
 def _drop_one(part: Partition, now: dt.datetime) -> dict[str, Any] | None:
-    """Drop ``part`` if, under a lock that keeps writers out of it, no row is kept."""
+    """Detach and empty ``part`` if, under a lock that keeps writers out of it, no row is
+    kept. The emptied table is dropped after the commit (``_drop_detached``)."""
     from audit.actions import Actor, record
 
     with transaction.atomic(), connection.cursor() as cursor:
@@ -215,12 +241,48 @@ def _drop_one(part: Partition, now: dt.datetime) -> dict[str, Any] | None:
             after=summary,
         )
         # The deferred foreign-key checks of the clean-up run now: a table with pending
-        # trigger events cannot be dropped.
+        # trigger events cannot be detached or truncated.
         cursor.execute("SET CONSTRAINTS ALL IMMEDIATE")
-        cursor.execute(f"ALTER TABLE {TABLE} DETACH PARTITION {part.name}")
-        cursor.execute(f"DROP TABLE {part.name}")
-    log.info("dead-letter partition %s dropped (%d rows)", part.name, summary["rows"])
+        _detach(cursor, part)
+        # TRUNCATE frees the space and locks only the detached table; DROP TABLE would also
+        # need exclusive locks on every table its foreign keys point to (channels, groups,
+        # the dead letters), which ingest and the pages hold all the time.
+        cursor.execute(f"TRUNCATE {part.name}")
+    log.info("dead-letter partition %s detached and emptied (%d rows)", part.name, summary["rows"])
+    _drop_detached()
     return summary
+
+
+def detached() -> list[str]:
+    """Tables of emptied partitions not dropped yet (``dlq_deadletter_<lower>`` that are no
+    longer partitions of the dead-letter table)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+            "WHERE n.nspname = current_schema() AND c.relkind = 'r' AND c.relname ~ %s "
+            "AND NOT c.relispartition ORDER BY c.relname",
+            [rf"^{TABLE}_[0-9]+$"],
+        )
+        return [name for (name,) in cursor.fetchall()]
+
+
+def _drop_detached() -> int:
+    """Drop the emptied tables whose locks can be had within ``DROP_LOCK_TIMEOUT``; the others
+    wait for the next run (they hold no rows). Returns how many went."""
+    dropped = 0
+    for name in detached():
+        try:
+            with transaction.atomic(), connection.cursor() as cursor:
+                cursor.execute(f"SET LOCAL lock_timeout = '{DROP_LOCK_TIMEOUT}'")
+                cursor.execute(f"SELECT EXISTS (SELECT 1 FROM {name})")
+                if cursor.fetchone()[0]:  # never drop rows: only what _drop_one emptied
+                    log.error("table %s is detached but not empty: left alone", name)
+                    continue
+                cursor.execute(f"DROP TABLE {name}")
+            dropped += 1
+        except OperationalError as exc:
+            log.info("emptied partition table %s not dropped yet: %s", name, exc)
+    return dropped
 
 
 def drop_expired_partitions(now: dt.datetime, limit: int = 10) -> list[dict[str, Any]]:
@@ -228,6 +290,7 @@ def drop_expired_partitions(now: dt.datetime, limit: int = 10) -> list[dict[str,
     their audit summaries. A lock timeout or deadlock leaves the partition to the next run."""
     if not is_partitioned():
         return []
+    _drop_detached()  # emptied by an earlier run whose DROP could not get its locks
     high = sequence_high()
     dropped: list[dict[str, Any]] = []
     for part in partitions():

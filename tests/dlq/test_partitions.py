@@ -166,7 +166,22 @@ def test_retention_drops_a_partition_whose_every_entry_is_past_policy(small: Non
     assert event.reason and event.target_repr.startswith(doomed.name)
     assert event.after["rows"] == SIZE and event.after["ids"] == [doomed.lower, doomed.upper]
     assert event.after["channel_ids"] == [channel.pk]
+    assert partitions.detached() == []  # emptied, then dropped after the commit
     assert do_purge_expired(timezone.now()).partitions_dropped == 0  # idempotent
+
+
+def test_an_emptied_partition_left_by_an_earlier_run_is_dropped_by_the_next(small: None) -> None:
+    """The drop empties the detached table in its transaction and drops it after the commit;
+    when that DROP cannot get its locks, the empty table waits for the next run. A detached
+    table that still holds rows is never dropped."""
+    with connection.cursor() as cursor:
+        cursor.execute("CREATE TABLE dlq_deadletter_900000 (LIKE dlq_deadletter)")
+        cursor.execute("CREATE TABLE dlq_deadletter_800000 AS SELECT 1 AS id")
+    assert partitions.detached() == ["dlq_deadletter_800000", "dlq_deadletter_900000"]
+
+    partitions.drop_expired_partitions(timezone.now())
+
+    assert partitions.detached() == ["dlq_deadletter_800000"]
 
 
 @pytest.mark.parametrize("keeper", ["unresolved", "young", "no retention", "open"])
