@@ -1032,7 +1032,7 @@ _REDELIVERY_HEADERS = frozenset({"x-delivery-count"})
 
 
 def _dedupe_key(
-    vhost: str, queue: str, body: bytes, props: BasicProperties, headers: dict[str, Any]
+    vhost: str, queue: str, body: bytes, properties: dict[str, Any], headers: dict[str, Any]
 ) -> str:
     """The identity of one death on RabbitMQ (see docs/identity.md).
 
@@ -1045,16 +1045,15 @@ def _dedupe_key(
     (queue, reason, count and the time of that death); a producer's new ``timestamp``/
     ``message_id``. Two deaths identical in all of that (a producer resending the same bytes
     that die in the same second) are told apart by the drain session's occurrence suffix.
+    ``properties`` and ``headers`` are the JSON-safe ones the letter carries (converted once).
     """
     canonical = json.dumps(
         [
             vhost,
             queue,
             hashlib.sha256(body).hexdigest(),
-            _properties(props),
-            json_safe_headers(
-                {k: v for k, v in headers.items() if k.lower() not in _REDELIVERY_HEADERS}
-            ),
+            properties,
+            {k: v for k, v in headers.items() if k.lower() not in _REDELIVERY_HEADERS},
         ],
         sort_keys=True,
         separators=(",", ":"),
@@ -1093,11 +1092,12 @@ def _dead_letter(
     elif headers.get("x-delivery-count") is not None:
         redelivery_count = _int(headers.get("x-delivery-count"))
     dead_lettered_at = _epoch(deaths[0].get("time")) if deaths else None
+    safe_headers, properties = json_safe_headers(headers), _properties(props)
     return DeadLetter(
-        dedupe_key=_dedupe_key(vhost, queue, body, props, headers),
+        dedupe_key=_dedupe_key(vhost, queue, body, properties, safe_headers),
         body=body,
-        headers=json_safe_headers(headers),
-        properties=_properties(props),
+        headers=safe_headers,
+        properties=properties,
         token=method.delivery_tag,
         broker_id=str(method.delivery_tag),
         redelivery_count=redelivery_count,
