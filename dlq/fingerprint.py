@@ -9,6 +9,7 @@ and ``OrderNotFound: order 4712 missing`` fall into one group.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 
@@ -23,7 +24,12 @@ MAX_INPUT = 2000  # only the head of a long message decides its group
 
 def normalize_error(text: str) -> str:
     """The error text with its variable parts replaced by placeholders."""
-    text = text[:MAX_INPUT]
+    return _normalize(text[:MAX_INPUT])
+
+
+@functools.lru_cache(maxsize=1024)
+def _normalize(text: str) -> str:
+    """Cached: a batch repeats its error classes (and often its messages)."""
     text = _UUID.sub("<uuid>", text)
     text = _QUOTED.sub("<str>", text)
     text = _HEX.sub("<hex>", text)

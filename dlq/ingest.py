@@ -25,12 +25,10 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-import hashlib
-import json
 import logging
 import os
-from collections.abc import Sequence
-from typing import Any, NamedTuple
+from collections.abc import Iterable, Sequence
+from typing import Any, cast
 
 from django.conf import settings
 from django.db import connection, transaction
@@ -39,21 +37,19 @@ from django.db.models.functions import Greatest, Least
 from django.utils import timezone
 
 from audit.actions import Actor, record
-from brokers import get_adapter, redis_streams
+from brokers import get_adapter
 from brokers.base import Address, BrokerAdapter
 from brokers.base import DeadLetter as Letter
 from brokers.nats_jetstream import NatsJetStreamAdapter
-from channels_registry import schemas
-from channels_registry.models import (
-    BrokerKind,
-    Channel,
-    ChannelHealth,
-    DlqStrategy,
-    IdempotencySource,
-    installation_id,
+from channels_registry.models import BrokerKind, Channel, installation_id
+from dlq import search, trends
+from dlq.fingerprint import normalize_error
+from dlq.ingest_build import (  # noqa: F401 - re-exported: bench/triage.py builds search text
+    Built,
+    Row,
+    build_entry,
+    search_text,
 )
-from dlq import message, redaction, render, search, trends
-from dlq.fingerprint import fingerprint, normalize_error
 from dlq.models import DeadLetter, DeadLetterKey, FailureGroup, Source
 from dlq.relay import link_replayed_parents
 
@@ -63,29 +59,6 @@ BATCH_SIZE = 500
 FETCH_WAIT_S = 1.0
 TOP_UP_WAIT_S = 0.05
 DRAINED_WAIT_S = 0.25
-SEARCH_TEXT_LIMIT = 4000
-# Where producers and consumers commonly put the error of a failed message (Spring AMQP,
-# MassTransit, our Redis convention, plain names). The first present header wins.
-ERROR_CLASS_HEADERS = (
-    "x-exception-class",
-    "x-exception-type",
-    "x-error-class",
-    "error_class",
-    "error-class",
-    "exception_class",
-    "MT-Fault-ExceptionType",
-)
-ERROR_MESSAGE_HEADERS = (
-    "x-exception-message",
-    "x-error-message",
-    "x-error",
-    "error_message",
-    "error",
-    "exception",
-    "MT-Fault-Message",
-)
-SCHEMA_VERSION_HEADERS = ("schema-version", "schema_version", "x-schema-version")
-JSON_CONTENT_TYPES = ("json", "")  # an empty content type is assumed to be JSON
 
 
 @dataclasses.dataclass
@@ -138,290 +111,6 @@ def drain_addresses(channel: Channel) -> list[tuple[Address, str]]:
     return addresses
 
 
-# -- turning one broker letter into a row --------------------------------------------------
-
-
-def _no_nul(value: Any, depth: int = 0) -> Any:
-    """PostgreSQL text and jsonb refuse NUL characters. Strings holding one become
-    ``{"$bytes": hex}`` (the adapters' own convention for non-text bytes), so nothing is lost."""
-    if depth > 40:
-        return value
-    if isinstance(value, str):
-        return {"$bytes": value.encode("utf-8").hex()} if "\x00" in value else value
-    if isinstance(value, dict):
-        return {k.replace("\x00", "\ufffd"): _no_nul(v, depth + 1) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_no_nul(v, depth + 1) for v in value]
-    return value
-
-
-def _json_no_nul(value: Any) -> tuple[Any, str]:
-    """``value`` made NUL-free (see ``_no_nul``) and its JSON text, which COPY sends as is.
-    Encoding once is what COPY needs anyway, and JSON escapes every NUL as ``\\u0000``, so the
-    copying walk of ``_no_nul`` only runs for the rare value that holds one."""
-    text = json.dumps(value)
-    if "\\u0000" in text:  # also matches an escaped backslash before "u0000": harmless
-        value = _no_nul(value)
-        text = json.dumps(value)
-    return value, text
-
-
-def _text(value: Any, limit: int) -> str:
-    if value is None:
-        return ""
-    if isinstance(value, dict) and "$bytes" in value:
-        try:
-            value = bytes.fromhex(str(value["$bytes"])).decode("utf-8", "replace")
-        except ValueError:
-            value = ""
-    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
-    return text.replace("\x00", "\ufffd")[:limit]
-
-
-def _lower(headers: dict[str, Any]) -> dict[str, Any]:
-    """Header lookups are case-insensitive: key the headers in lower case once per message."""
-    return {k.lower(): v for k, v in headers.items()}
-
-
-def _first_header(lowered: dict[str, Any], names: Sequence[str]) -> Any:
-    for name in names:
-        if name.lower() in lowered:
-            return lowered[name.lower()]
-    return None
-
-
-def _aware(epoch: float | None) -> dt.datetime | None:
-    if epoch is None:
-        return None
-    try:
-        return dt.datetime.fromtimestamp(epoch, tz=dt.UTC)
-    except (OverflowError, OSError, ValueError):
-        return None
-
-
-def read_idempotency_key(
-    channel: Channel, headers: dict[str, Any], properties: dict[str, Any], document: Any
-) -> str:
-    """The key from the channel's declared location; "" when absent."""
-    source, where = channel.idempotency_source, channel.idempotency_key
-    value: Any = None
-    if source == IdempotencySource.HEADER and where:
-        value = _first_header(_lower(headers), [where])
-    elif source == IdempotencySource.PROPERTY:
-        value = properties.get("message_id")
-    elif source == IdempotencySource.JSON_PATH and render.is_parsed(document):
-        steps = redaction.parse_path(where)
-        value = document
-        for step in steps or [None]:
-            if isinstance(step, str) and isinstance(value, dict):
-                value = value.get(step)
-            elif isinstance(step, int) and isinstance(value, list) and step < len(value):
-                value = value[step]
-            else:
-                value = None
-                break
-    if value is None or isinstance(value, dict | list):
-        return ""
-    return _text(value, 255)
-
-
-def search_text(body_view: bytes | None, headers: dict[str, Any]) -> str:
-    """Lower-cased text searched by the list filter: the (redacted) body head, then headers."""
-    parts = []
-    if body_view:
-        parts.append(body_view[:SEARCH_TEXT_LIMIT].decode("utf-8", "replace"))
-    for key, value in list(headers.items())[:200]:
-        parts.append(f"{key}: {_text(value, 300)}")
-    return "\n".join(parts).replace("\x00", " ").lower()[: SEARCH_TEXT_LIMIT * 2]
-
-
-class Built(NamedTuple):
-    entry: DeadLetter  # the unsaved row
-    fingerprint: str  # of its failure, for the group
-    json_text: dict[str, str]  # attname -> JSON text of the row's JSON fields, for COPY
-
-
-def as_written(channel: Channel, letter: Letter) -> Letter:
-    """The letter read with the channel's declared Redis entry layout (see
-    ``brokers.redis_streams.apply_layout``); other brokers' letters are unchanged."""
-    if channel.broker.kind != BrokerKind.REDIS:
-        return letter
-    layout = redis_streams.EntryLayout(
-        kind=channel.entry_layout,
-        body_field=channel.entry_body_field or redis_streams.BODY_FIELD,
-        metadata_fields=tuple(channel.entry_metadata_fields or ())
-        or redis_streams.DEFAULT_METADATA_FIELDS,
-    )
-    return redis_streams.apply_layout(letter, layout)
-
-
-def _delivery_limit(channel: Channel) -> int | None:
-    """The main queue's delivery limit as last observed (quorum ``delivery-limit``), else the
-    declared retry budget. Cached on the instance: one query per batch."""
-    if "_delivery_limit" not in channel.__dict__:
-        observed = (
-            ChannelHealth.objects.filter(channel=channel).values_list("observed", flat=True).first()
-        )
-        limit = observed.get("delivery_limit") if isinstance(observed, dict) else None
-        channel.__dict__["_delivery_limit"] = (
-            limit if isinstance(limit, int) and limit > 0 else channel.retry_max_attempts
-        )
-    value = channel.__dict__["_delivery_limit"]
-    return value if isinstance(value, int) else None
-
-
-def build_entry(channel: Channel, letter: Letter, source: str, now: dt.datetime) -> Built:
-    """The unsaved row for ``letter``, its failure fingerprint and its JSON as text."""
-    letter = as_written(channel, letter)
-    headers, headers_json = _json_no_nul(letter.headers)
-    properties, properties_json = _json_no_nul(letter.properties)
-    death_history, death_history_json = _json_no_nul(list(letter.death_history))
-    content_type = _text(properties.get("content_type") or headers.get("content-type"), 200)
-    document = render.parse_json(letter.body)
-    is_parseable = _is_parseable(content_type, document)
-    source = _routed_source(channel, source, is_parseable)
-    visible_headers = redaction.redact_headers(headers, channel)
-    t = _triage(channel, letter, headers, visible_headers, properties, document, source)
-    body_view = _body_view(channel, letter, document)
-    entry = DeadLetter(
-        channel=channel,
-        source=t.source,
-        dedupe_key=letter.dedupe_key[:200],
-        body=letter.body,
-        body_sha256=hashlib.sha256(letter.body).hexdigest(),
-        size=len(letter.body),
-        content_type=content_type,
-        headers=headers,
-        properties=properties,
-        reason=t.reason,
-        error_class=t.error_class,
-        error_message=t.error_message,
-        redelivery_count=message.delivery_count(
-            letter.redelivery_count, headers, t.job, delivery_limit=_delivery_limit(channel)
-        ),
-        first_death_queue=_text(letter.first_death_queue, 255),
-        first_death_exchange=_text(letter.first_death_exchange, 255),
-        first_death_at=_aware(letter.first_death_at),
-        dead_lettered_at=_aware(letter.dead_lettered_at) or now,
-        ingested_at=now,
-        idempotency_key=t.idempotency_key,
-        missing_idempotency_key=not t.idempotency_key,
-        schema_version=t.schema_version,
-        is_parseable=is_parseable,
-        schema_error=t.schema_error,
-        message_type=t.message_type,
-        job=t.job,
-        death_history=death_history,
-        search_text=search_text(body_view, visible_headers),
-    )
-    json_text = {
-        "headers": headers_json,
-        "properties": properties_json,
-        "death_history": death_history_json,
-    }
-    json_text["schema_error"] = t.schema_error_json
-    json_text["job"] = t.job_json
-    print_ = fingerprint(channel.pk, t.reason, t.error_class, t.error_message, t.message_type)
-    return Built(entry, print_, json_text)
-
-
-def _is_parseable(content_type: str, document: Any) -> bool | None:
-    """Whether a JSON (or untyped) body parses; None for any other content type."""
-    if any(t and t in content_type.lower() for t in JSON_CONTENT_TYPES) or not content_type:
-        return render.is_parsed(document)
-    return None
-
-
-def _routed_source(channel: Channel, source: str, is_parseable: bool | None) -> str:
-    """Poison vs DLQ. Where a letter was found decides first (the poison address is poison).
-    A letter found in the DLQ of a channel that declares the poison-queue strategy but whose
-    body does not parse was misrouted: the contract says unparseable messages are poison
-    (never retried), so it is classified as poison. Without that strategy there is no poison
-    contract; the entry stays DLQ and carries the is_parseable=False flag."""
-    if (
-        source == Source.DLQ
-        and is_parseable is False
-        and DlqStrategy.POISON_QUEUE in (channel.dlq_strategies or [])
-    ):
-        return Source.POISON
-    return source
-
-
-class _Triage(NamedTuple):
-    source: str
-    reason: str
-    error_class: str
-    error_message: str
-    job: Any  # the recognised job, NUL-free
-    job_json: str
-    message_type: str
-    idempotency_key: str
-    schema_version: str
-    schema_error: Any
-    schema_error_json: str
-
-
-def _triage(
-    channel: Channel,
-    letter: Letter,
-    headers: dict[str, Any],
-    visible_headers: dict[str, Any],
-    properties: dict[str, Any],
-    document: Any,
-    source: str,
-) -> _Triage:
-    """What failed and why (from the headers, a known job client, the registered schema),
-    the message type and the idempotency key."""
-    lowered = _lower(headers)
-    visible_lowered = lowered if visible_headers is headers else _lower(visible_headers)
-    reason = _text(letter.reason or _first_header(lowered, ["reason", "x-first-death-reason"]), 100)
-    error_class = _text(_first_header(visible_lowered, ERROR_CLASS_HEADERS), 300)
-    error_message = _text(_first_header(visible_lowered, ERROR_MESSAGE_HEADERS), 10_000)
-    # Job-aware triage: the type and what a known job client (Celery, Sidekiq) says.
-    job = message.recognise_job(headers, document)
-    mtype = message.message_type(channel, headers, document, job)
-    error_class = error_class or _text(job.get("error_class"), 300)
-    error_message = error_message or _text(job.get("error_message"), 10_000)
-    # A field-map Redis entry keeps its fields as the message: a header-declared key is there.
-    key_headers = headers
-    if isinstance(properties.get(redis_streams.ORIGINAL_FIELDS), list):
-        key_headers = {**dict(properties[redis_streams.ORIGINAL_FIELDS]), **headers}
-    idem = read_idempotency_key(channel, key_headers, properties, document)
-    schema = _first_header(lowered, SCHEMA_VERSION_HEADERS)
-    if schema is None and isinstance(document, dict):
-        schema = document.get("schema_version", document.get("schemaVersion"))
-    # P1: a body failing the channel's registered schema is poison, the validation error its
-    # reason (the entry's own schema version selects the schema when it is registered).
-    invalid = schemas.failure(
-        channel,
-        document,
-        _text(schema, 50) if schema is not None else "",
-        parsed=render.is_parsed(document),
-    )
-    if invalid is not None:
-        source = Source.POISON
-        reason = _text(f"schema-invalid: {invalid.message}", 100)
-        error_class = "SchemaValidationError"
-        error_message = f"{invalid.path}: {invalid.message}"
-    schema_error, schema_error_json = _json_no_nul(invalid.as_dict() if invalid else {})
-    job, job_json = _json_no_nul(job)
-    schema_version = _text(schema, 50) if schema is not None else ""
-    return _Triage(
-        source, reason, error_class, error_message, job, job_json, mtype, idem,
-        schema_version, schema_error, schema_error_json,
-    )  # fmt: skip
-
-
-def _body_view(channel: Channel, letter: Letter, document: Any) -> bytes | None:
-    """The body the search text may read: redacted when the channel has JSON redaction
-    rules, None when they cannot be applied (so it stays out of the search text)."""
-    if isinstance(document, dict | list) and channel.redact_json_paths:
-        return render.redacted_body_bytes(letter.body, channel)
-    if channel.redact_json_paths:
-        return None  # rules cannot be applied: keep the body out of the search text
-    return letter.body
-
-
 # -- one batch: store, then (caller) ack -------------------------------------------------
 
 
@@ -446,11 +135,12 @@ def store_batch(
         groups = _groups_for(locked, {b.fingerprint for b in unique.values()}, now)
         for b in unique.values():
             b.entry.group_id = groups[b.fingerprint].pk
-        link_replayed_parents(b.entry for b in unique.values())
+        # Rows read like entries for these two (the attributes they use are columns).
+        link_replayed_parents(cast(Iterable[DeadLetter], (b.entry for b in unique.values())))
         stored = _insert_new(list(unique.values()), now)
         new = {key: (unique[key].entry, unique[key].fingerprint) for key in stored}
         _count_into_groups(groups, new, stored)
-        trends.count_new((entry for entry, _ in new.values()), now)
+        trends.count_new(cast(Iterable[DeadLetter], (entry for entry, _ in new.values())), now)
         inserted, duplicates = len(new), len(letters) - len(new)
         record(
             "dlq.ingest",
@@ -477,8 +167,8 @@ def store_batch(
 def _insert_new(built: list[Built], now: dt.datetime) -> dict[str, int]:
     """INSERT … ON CONFLICT (dedupe_key) DO NOTHING; return {dedupe_key: id} of the rows this
     call inserted (not the ones already stored)."""
-    entries = [b.entry for b in built]
     if connection.vendor != "postgresql":  # SQLite: the ORM's INSERT … ON CONFLICT DO NOTHING
+        entries = [b.entry.model() for b in built]
         DeadLetter.objects.bulk_create(entries, batch_size=BATCH_SIZE, ignore_conflicts=True)
         # Rows inserted by this batch carry its exact timestamp; earlier copies (a crash before
         # the ack) carry an older one. The caller's channel lock rules out a concurrent batch.
@@ -495,9 +185,14 @@ def _insert_new(built: list[Built], now: dt.datetime) -> dict[str, int]:
     columns = ", ".join(connection.ops.quote_name(f.column or f.attname) for f in fields)
     table = DeadLetter._meta.db_table
     with connection.cursor() as cursor:
+        # One round trip: the staging table, the key trigger's setting (see below) and, where
+        # the server has it, lz4 for the values TOAST compresses (search text, body, headers;
+        # several times cheaper to compress than the default pglz, read back either way).
         cursor.execute(
             f"CREATE TEMP TABLE IF NOT EXISTS dlq_ingest_stage ON COMMIT DELETE ROWS AS "
-            f"SELECT {columns} FROM {table} WITH NO DATA"
+            f"SELECT {columns} FROM {table} WITH NO DATA; "
+            "SELECT set_config('dlo.dedupe_keys_written', 'on', true)"
+            + (", set_config('default_toast_compression', 'lz4', true)" if _has_lz4() else "")
         )
         raw = cursor.cursor  # psycopg's own cursor, for COPY
         # Values go to COPY as they are (psycopg adapts them); JSON fields as the text
@@ -506,12 +201,11 @@ def _insert_new(built: list[Built], now: dt.datetime) -> dict[str, int]:
         attnames = [f.attname for f in fields]
         with raw.copy(f"COPY dlq_ingest_stage ({columns}) FROM STDIN") as copy:
             for b in built:
-                values = {**b.entry.__dict__, **b.json_text}
+                values = b.entry.values | b.json_text
                 copy.write_row([values[a] for a in attnames])
         # The table is partitioned (dlq.partitions): deduplication is the key table's primary
         # key. Keys first, then only the entries whose key this statement inserted; the
-        # setting tells the per-row key trigger that the keys are written already.
-        cursor.execute("SELECT set_config('dlo.dedupe_keys_written', 'on', true)")
+        # setting (above) tells the per-row key trigger that the keys are written already.
         cursor.execute(
             f"WITH fresh AS (INSERT INTO {DeadLetterKey._meta.db_table} (dedupe_key) "
             "SELECT dedupe_key FROM dlq_ingest_stage ON CONFLICT DO NOTHING "
@@ -519,10 +213,29 @@ def _insert_new(built: list[Built], now: dt.datetime) -> dict[str, int]:
             "FROM dlq_ingest_stage JOIN fresh USING (dedupe_key) RETURNING dedupe_key, id"
         )
         inserted = dict(cursor.fetchall())
+        # Emptied by the commit too (ON COMMIT DELETE ROWS); DELETE, not TRUNCATE, for a
+        # caller's enclosing transaction: no new file and catalog rows per batch.
         cursor.execute(
-            "TRUNCATE dlq_ingest_stage; SELECT set_config('dlo.dedupe_keys_written', 'off', true)"
+            "DELETE FROM dlq_ingest_stage; "
+            "SELECT set_config('dlo.dedupe_keys_written', 'off', true)"
         )
     return inserted
+
+
+_LZ4: dict[str, bool] = {}
+
+
+def _has_lz4() -> bool:
+    """Whether the server can compress TOAST values with lz4 (asked once per process)."""
+    if "lz4" not in _LZ4:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT 'lz4' = ANY(enumvals) FROM pg_settings "
+                "WHERE name = 'default_toast_compression'"
+            )
+            row = cursor.fetchone()
+        _LZ4["lz4"] = bool(row and row[0])
+    return _LZ4["lz4"]
 
 
 def _groups_for(
@@ -542,11 +255,11 @@ def _groups_for(
 
 def _count_into_groups(
     groups: dict[str, FailureGroup],
-    new: dict[str, tuple[DeadLetter, str]],
+    new: dict[str, tuple[Row, str]],
     ids: dict[str, int],
 ) -> None:
     """Add the newly inserted entries to their groups' counts and times."""
-    by_fp: dict[str, list[DeadLetter]] = {}
+    by_fp: dict[str, list[Row]] = {}
     for entry, fp in new.values():
         by_fp.setdefault(fp, []).append(entry)
     for fp, entries in by_fp.items():

@@ -27,7 +27,18 @@ DELIVERY_COUNT_HEADERS = ("x-delivery-count", "x-attempts", "x-retry-count", "x-
 MAX_TEXT = 500
 
 
+class Lowered(dict[str, Any]):
+    """Headers already keyed in lower case (the lookups here take them as they are)."""
+
+
+def lowered(headers: dict[str, Any]) -> Lowered:
+    """``headers`` keyed in lower case, once per message for every lookup below."""
+    return headers if isinstance(headers, Lowered) else Lowered(_lower(headers))
+
+
 def _lower(headers: dict[str, Any]) -> dict[str, Any]:
+    if isinstance(headers, Lowered):
+        return headers
     return {str(k).lower(): v for k, v in headers.items()}
 
 
