@@ -125,6 +125,11 @@ class BackgroundIndexer:
 
     def _run(self) -> None:
         try:
+            # The index is derived data that index_missing rebuilds from the committed rows:
+            # its commits need not wait for the WAL flush (a crash loses at most the last
+            # few, which the catch-up after the next drain writes again).
+            with connection.cursor() as cursor:
+                cursor.execute("SET synchronous_commit = off")
             for _ in range(10**9):  # bounded: ends at the None sentinel
                 ids = self._queue.get()
                 if ids is None:
