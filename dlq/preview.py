@@ -189,6 +189,27 @@ def replayed_before_q() -> Q:
     return Q(status__in=[Status.REPLAYED, Status.FAILED]) | Q(Exists(tried)) | Q(Exists(child))
 
 
+def _older_schema_warnings(channel: Channel, entries: QuerySet[DeadLetter]) -> list[Warn]:
+    """Entries carrying a schema version older than the channel's current one."""
+    if not channel.schema_version:
+        return []
+    older = 0
+    rows = entries.exclude(schema_version="").values("schema_version").annotate(n=Count("id"))
+    for row in rows.order_by()[:1000]:
+        if _older(row["schema_version"], channel.schema_version):
+            older += row["n"]
+    if not older:
+        return []
+    return [
+        Warn(
+            "schema_older",
+            f"{older:,} entr{'y carries' if older == 1 else 'ies carry'} a schema version "
+            f"older than the channel's current v{channel.schema_version}.",
+            count=older,
+        )
+    ]
+
+
 def _replay_warnings(
     channel: Channel, entries: QuerySet[DeadLetter], counts: dict[str, int]
 ) -> list[Warn]:
@@ -249,21 +270,7 @@ def _replay_warnings(
             )
         )
     warnings.extend(_ordering_warnings(channel, entries))
-    if channel.schema_version:
-        older = 0
-        rows = entries.exclude(schema_version="").values("schema_version").annotate(n=Count("id"))
-        for row in rows.order_by()[:1000]:
-            if _older(row["schema_version"], channel.schema_version):
-                older += row["n"]
-        if older:
-            warnings.append(
-                Warn(
-                    "schema_older",
-                    f"{older:,} entr{'y carries' if older == 1 else 'ies carry'} a schema version "
-                    f"older than the channel's current v{channel.schema_version}.",
-                    count=older,
-                )
-            )
+    warnings.extend(_older_schema_warnings(channel, entries))
     warnings.extend(_schema_warnings(channel, entries))
     health = ChannelHealth.objects.filter(channel=channel).values("consumers").first()
     consumers = health["consumers"] if health else None
