@@ -94,11 +94,6 @@ def _text(value: Any, limit: int) -> str:
     return text.replace("\x00", "\ufffd")[:limit]
 
 
-def _lower(headers: dict[str, Any]) -> dict[str, Any]:
-    """Header lookups are case-insensitive: key the headers in lower case once per message."""
-    return message.lowered(headers)
-
-
 def _first_header(lowered: dict[str, Any], names: Sequence[str]) -> Any:
     for name in names:
         if name.lower() in lowered:
@@ -122,7 +117,7 @@ def read_idempotency_key(
     source, where = channel.idempotency_source, channel.idempotency_key
     value: Any = None
     if source == IdempotencySource.HEADER and where:
-        value = _first_header(_lower(headers), [where])
+        value = _first_header(message.lowered(headers), [where])
     elif source == IdempotencySource.PROPERTY:
         value = properties.get("message_id")
     elif source == IdempotencySource.JSON_PATH and render.is_parsed(document):
@@ -322,7 +317,7 @@ def _triage(
     """What failed and why (from the headers, a known job client, the registered schema),
     the message type and the idempotency key."""
     lowered = message.lowered(headers)
-    visible_lowered = lowered if visible_headers is headers else _lower(visible_headers)
+    visible_lowered = lowered if visible_headers is headers else message.lowered(visible_headers)
     reason = _text(letter.reason or _first_header(lowered, ["reason", "x-first-death-reason"]), 100)
     error_class = _text(_first_header(visible_lowered, ERROR_CLASS_HEADERS), 300)
     error_message = _text(_first_header(visible_lowered, ERROR_MESSAGE_HEADERS), 10_000)

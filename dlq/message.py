@@ -33,13 +33,9 @@ class Lowered(dict[str, Any]):
 
 def lowered(headers: dict[str, Any]) -> Lowered:
     """``headers`` keyed in lower case, once per message for every lookup below."""
-    return headers if isinstance(headers, Lowered) else Lowered(_lower(headers))
-
-
-def _lower(headers: dict[str, Any]) -> dict[str, Any]:
     if isinstance(headers, Lowered):
         return headers
-    return {str(k).lower(): v for k, v in headers.items()}
+    return Lowered({str(k).lower(): v for k, v in headers.items()})
 
 
 def _text(value: Any, limit: int = MAX_TEXT) -> str:
@@ -77,16 +73,16 @@ def json_path(document: Any, path: str) -> Any:
 
 def recognise_job(headers: dict[str, Any], document: Any) -> dict[str, Any]:
     """What a known job client says about this message; ``{}`` when it is not one."""
-    lowered = _lower(headers)
-    if isinstance(lowered.get("task"), str) and "id" in lowered:
-        job: dict[str, Any] = {"kind": "celery", "type": _text(lowered["task"], 200)}
-        job["id"] = _text(lowered.get("id"), 200)
-        retries = _int(lowered.get("retries"))
+    keyed = lowered(headers)
+    if isinstance(keyed.get("task"), str) and "id" in keyed:
+        job: dict[str, Any] = {"kind": "celery", "type": _text(keyed["task"], 200)}
+        job["id"] = _text(keyed.get("id"), 200)
+        retries = _int(keyed.get("retries"))
         if retries is not None:
             job["retries"] = retries
         for name in ("argsrepr", "kwargsrepr", "root_id", "parent_id", "eta", "origin"):
-            if lowered.get(name) not in (None, ""):
-                job[name] = _text(lowered[name])
+            if keyed.get(name) not in (None, ""):
+                job[name] = _text(keyed[name])
         return job
     if isinstance(document, dict) and isinstance(document.get("class"), str) and "jid" in document:
         wrapped = document.get("wrapped")
@@ -111,7 +107,7 @@ def message_type(channel: Any, headers: dict[str, Any], document: Any, job: dict
     """The declared type (header or JSON path) or, undeclared, the recognised job's type."""
     source, where = channel.message_type_source, channel.message_type_key
     if source == "header" and where:
-        return _text(_lower(headers).get(where.lower()), 200)
+        return _text(lowered(headers).get(where.lower()), 200)
     if source == "json-path" and where:
         return _text(json_path(document, where), 200)
     return _text(job.get("type"), 200)
@@ -130,8 +126,8 @@ def delivery_count(
     A quorum queue drops ``x-delivery-count`` when it dead-letters for ``delivery_limit``, so
     such a death (``x-death`` reason ``delivery_limit``) counts ``delivery_limit`` redeliveries:
     the queue's limit as observed, else the declared budget (the caller passes it)."""
-    lowered = _lower(headers)
-    counts = [c for c in (_int(lowered.get(h)) for h in DELIVERY_COUNT_HEADERS) if c is not None]
+    keyed = lowered(headers)
+    counts = [c for c in (_int(keyed.get(h)) for h in DELIVERY_COUNT_HEADERS) if c is not None]
     if broker_count is not None:
         counts.append(broker_count)
     if delivery_limit is not None and delivery_limit > 0 and died_of_delivery_limit(headers):
@@ -143,10 +139,10 @@ def delivery_count(
 
 
 def died_of_delivery_limit(headers: dict[str, Any]) -> bool:
-    lowered = _lower(headers)
-    if lowered.get("x-first-death-reason") == "delivery_limit":
+    keyed = lowered(headers)
+    if keyed.get("x-first-death-reason") == "delivery_limit":
         return True
-    deaths = lowered.get("x-death")
+    deaths = keyed.get("x-death")
     return isinstance(deaths, list) and any(
         isinstance(d, dict) and d.get("reason") == "delivery_limit" for d in deaths
     )
