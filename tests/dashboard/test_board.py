@@ -151,6 +151,26 @@ def test_filters_by_team_broker_and_state_in_the_url(viewer: Any) -> None:
     assert "No channel matches these filters" in client.get("/?state=stalled").content.decode()
 
 
+def test_team_filter_lists_each_named_team_once_in_order(viewer: Any) -> None:
+    """The skip scan (PostgreSQL) and DISTINCT (SQLite) give the same list: every team once,
+    sorted, no blank, hostile names escaped in the options."""
+    broker = make_broker()
+    teams = ["search", "", "payments", "search", "Ops team", "<b>x</b>", "payments", ""]
+    for n, team in enumerate(teams):
+        make_channel(broker, slug=f"c{n}", name=f"C{n}", address=f"q{n}", owner_team=team)
+    from channels_registry.models import Channel
+    from dashboard.board import owner_teams
+
+    distinct = Channel.objects.exclude(owner_team="").order_by("owner_team")
+    expected = list(distinct.values_list("owner_team", flat=True).distinct())
+    assert owner_teams() == expected
+    assert sorted(owner_teams()) == sorted({"search", "payments", "Ops team", "<b>x</b>"})
+    content = client_for(viewer).get("/").content.decode()
+    options = content.split('aria-label="Team">', 1)[1].split("</select>", 1)[0]
+    assert options.count("<option") == 5  # "All teams" + four
+    assert '<option value="&lt;b&gt;x&lt;/b&gt;">&lt;b&gt;x&lt;/b&gt;</option>' in options
+
+
 def test_board_query_count_does_not_grow_with_channels(viewer: Any) -> None:
     broker = make_broker()
     client = client_for(viewer)
