@@ -232,8 +232,10 @@ class Ranking:
         counts: Counter[str] = Counter()
         # One row per (state, flags) combination present, a handful: the flags are split here
         # (one filtered count per state and flag made PostgreSQL match ~13 patterns per row).
+        # COUNT(*), not COUNT(id): the id is not in that index, and naming it forces a read of
+        # every row (12 ms at 10,000 channels) where the index alone answers (3 ms).
         combinations = polled.order_by().values_list("board_state", "board_flags")
-        for state, flags, n in combinations.annotate(n=Count("pk")):
+        for state, flags, n in combinations.annotate(n=Count("*")):
             if state in STATES:
                 counts[state] += n
             for flag in flags.split():
