@@ -6,10 +6,11 @@ every interpolated value is escaped here exactly as the template engine escapes 
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from html import escape as _html_escape
 from typing import Any
 
+from django.db.models import QuerySet
 from django.utils.safestring import SafeString, mark_safe
 
 
@@ -36,4 +37,25 @@ def options(values: Iterable[str], selected: str) -> SafeString:
             f'<option value="{text}"{" selected" if value == selected else ""}>{text}</option>'
             for value, text in zip(values, texts, strict=True)
         )
+    )
+
+
+#: Past this many channels the channel filter is a text field for the slug: a select of
+#: 10,000 options is ~500 KB on every DLQ page, and nobody scrolls it to find one.
+CHANNEL_SELECT_MAX = 500
+
+
+def channel_filter(slugs: Sequence[str] | QuerySet[Any, str], selected: str) -> SafeString:
+    """The DLQ pages' channel filter: a select of every channel while there are at most
+    ``CHANNEL_SELECT_MAX`` (at most that many + 1 are read), else a search field holding the
+    chosen slug, so the page's size does not grow with the channel table."""
+    shown = list(slugs[: CHANNEL_SELECT_MAX + 1])
+    if len(shown) <= CHANNEL_SELECT_MAX:
+        return mark_safe(  # options() escapes every value
+            '<select name="channel" aria-label="Channel"><option value="">All channels</option>'
+            f"{options(shown, selected)}</select>"
+        )
+    return mark_safe(  # the one value is escaped
+        f'<input type="search" name="channel" value="{escape(selected)}" size="18" '
+        f'placeholder="Channel slug (over {CHANNEL_SELECT_MAX:,} channels)" aria-label="Channel">'
     )

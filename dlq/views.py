@@ -15,7 +15,7 @@ from django.views.decorators.http import require_GET, require_POST
 from audit.actions import Actor
 from audit.models import AuditEvent
 from channels_registry.access import channels_for_user
-from dashboard.html import options
+from dashboard.html import channel_filter
 from dashboard.http import HtmxHttpRequest
 from dlq import redaction, trends
 from dlq import render as body_render
@@ -100,8 +100,8 @@ def group_list(request: HtmxHttpRequest) -> HttpResponse:
     if request.htmx and not request.htmx.boosted:
         template += "#groups"
     else:  # the filter form is outside the partial
-        slugs = channels_for_user(request).values_list("slug", flat=True)
-        context["channel_options"] = options(slugs, channel)
+        slugs = channels_for_user(request).order_by("slug").values_list("slug", flat=True)
+        context["channel_filter"] = channel_filter(slugs, channel)
     return render(request, template, context)
 
 
@@ -142,9 +142,9 @@ def entry_list(request: HtmxHttpRequest) -> HttpResponse:
     template = "dlq/entry_list.html"
     if request.htmx and not request.htmx.boosted:
         template += "#results"
-    else:  # the filter form is outside the partial; a select of every channel (see options)
-        slugs = channels_for_user(request).values_list("slug", flat=True)
-        context["channel_options"] = options(slugs, f.channel)
+    else:  # the filter form is outside the partial
+        slugs = channels_for_user(request).order_by("slug").values_list("slug", flat=True)
+        context["channel_filter"] = channel_filter(slugs, f.channel)
     return render(request, template, context)
 
 

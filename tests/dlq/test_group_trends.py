@@ -163,3 +163,27 @@ def test_channel_filters_list_every_channel_and_mark_the_chosen_one(viewer: User
     # The htmx partial of either page leaves the form (and its select) alone.
     partial = client.get("/dead-letters/list/", headers={"HX-Request": "true"}).content.decode()
     assert '<select name="channel"' not in partial
+
+
+def test_past_the_select_limit_the_channel_filter_is_a_search_field(
+    viewer: User, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Many channels: no select of all of them (the page would grow with the table), a field
+    holding the chosen slug, escaped; it still filters."""
+    import dashboard.html
+
+    make_channel()
+    make_channel(slug="billing", address="billing", dlq_address="billing.dlq")
+    make_channel(slug="search", address="search", dlq_address="search.dlq")
+    monkeypatch.setattr(dashboard.html, "CHANNEL_SELECT_MAX", 2)
+    client = client_for(viewer)
+    for url in ("/dead-letters/", "/dead-letters/list/"):
+        html = client.get(url + "?channel=billing").content.decode()
+        assert '<select name="channel"' not in html
+        assert '<input type="search" name="channel" value="billing"' in html
+        assert "over 2 channels" in html
+        hostile = client.get(url, {"channel": '"><script>alert(1)</script>'}).content.decode()
+        assert "<script>alert(1)" not in hostile
+        assert 'value="&quot;&gt;&lt;script&gt;alert(1)&lt;/script&gt;"' in hostile
+    monkeypatch.setattr(dashboard.html, "CHANNEL_SELECT_MAX", 3)
+    assert '<select name="channel"' in client.get("/dead-letters/").content.decode()
