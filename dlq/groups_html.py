@@ -6,6 +6,7 @@ every query of the page. Each value is escaped as the template escaped it; broke
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import quote
 
 from django.template.defaultfilters import truncatechars
 from django.urls import reverse
@@ -40,12 +41,12 @@ class _Urls:
     def __init__(self) -> None:
         self.entries = reverse("dlq:entry_list")
         self.entry = reverse("dlq:entry_detail", args=[0]).replace("/0/", "/{}/")
-        self.channels: dict[str, str] = {}
+        # A placeholder slug, reversed once: ``<slug:slug>`` matches only [-a-zA-Z0-9_], which
+        # ``quote`` leaves as they are (as ``reverse`` would), and it escapes anything else.
+        self._channel = reverse("channel_detail", args=["slug"]).replace("/slug/", "/{}/")
 
     def channel(self, slug: str) -> str:
-        if slug not in self.channels:
-            self.channels[slug] = escape(reverse("channel_detail", args=[slug]))
-        return self.channels[slug]
+        return escape(self._channel.format(quote(slug, safe="")))
 
 
 def _row(row: dict[str, Any], urls: _Urls) -> str:

@@ -187,3 +187,15 @@ def test_past_the_select_limit_the_channel_filter_is_a_search_field(
         assert 'value="&quot;&gt;&lt;script&gt;alert(1)&lt;/script&gt;"' in hostile
     monkeypatch.setattr(dashboard.html, "CHANNEL_SELECT_MAX", 3)
     assert '<select name="channel"' in client.get("/dead-letters/").content.decode()
+
+
+def test_group_rows_link_each_channel_as_reverse_does() -> None:
+    from django.urls import reverse
+
+    from dashboard.html import escape
+    from dlq.groups_html import _Urls
+
+    urls = _Urls()
+    for slug in ("orders", "billing-eu_2", "slug", "a", "X-1"):
+        assert urls.channel(slug) == escape(reverse("channel_detail", args=[slug]))
+    assert urls.channel('"><x') == "/channels/%22%3E%3Cx/"
