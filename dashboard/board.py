@@ -394,8 +394,8 @@ def _offset(raw: str) -> int:
     return int(raw) if raw.isascii() and raw.isdigit() and len(raw) < 7 else 0
 
 
-#: The next team after %s by the ``owner_team`` index, repeated until there is none: one index
-#: probe per team instead of reading every channel (``DISTINCT`` reads all 10,000 to find 10).
+#: The next team after the last one found, by the ``owner_team`` index, until there is none: one
+#: index probe per team instead of reading every channel (``DISTINCT`` reads 10,000 to find 10).
 _TEAMS_SQL = f"""
 WITH RECURSIVE teams(team) AS (
     (SELECT owner_team FROM {Channel._meta.db_table} WHERE owner_team > ''
