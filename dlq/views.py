@@ -73,6 +73,12 @@ def _group_rows(shown: list[FailureGroup]) -> list[dict[str, Any]]:
     return rows
 
 
+def _unknown_channel(request: HtmxHttpRequest, slug: str) -> bool:
+    """Whether the channel filter names no channel (a mistyped slug in the search field the
+    filter becomes past ``CHANNEL_SELECT_MAX`` channels): the empty state says so."""
+    return bool(slug) and not channels_for_user(request).filter(slug=slug).exists()
+
+
 @require_GET
 def group_list(request: HtmxHttpRequest) -> HttpResponse:
     groups = groups_for_user(request).filter(count__gt=0)
@@ -95,6 +101,7 @@ def group_list(request: HtmxHttpRequest) -> HttpResponse:
         "rows_html": group_rows_html(rows),
         "more": len(shown) > GROUPS_SHOWN,
         "channel": channel,
+        "unknown_channel": _unknown_channel(request, channel),
     }
     template = "dlq/group_list.html"
     if request.htmx and not request.htmx.boosted:
@@ -138,6 +145,7 @@ def entry_list(request: HtmxHttpRequest) -> HttpResponse:
         "group": groups_for_user(request).filter(pk=f.group).first() if f.group else None,
         "paged": after_id is not None,
         "can_bulk": can_bulk,
+        "unknown_channel": _unknown_channel(request, f.channel),
     }
     template = "dlq/entry_list.html"
     if request.htmx and not request.htmx.boosted:

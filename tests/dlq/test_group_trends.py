@@ -185,6 +185,8 @@ def test_past_the_select_limit_the_channel_filter_is_a_search_field(
         hostile = client.get(url, {"channel": '"><script>alert(1)</script>'}).content.decode()
         assert "<script>alert(1)" not in hostile
         assert 'value="&quot;&gt;&lt;script&gt;alert(1)&lt;/script&gt;"' in hostile
+        assert "No channel has the slug “&quot;&gt;&lt;script&gt;" in hostile
+        assert "No channel has the slug" not in html  # billing exists (it has no entries)
     monkeypatch.setattr(dashboard.html, "CHANNEL_SELECT_MAX", 3)
     assert '<select name="channel"' in client.get("/dead-letters/").content.decode()
 
