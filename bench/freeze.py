@@ -278,6 +278,10 @@ def main() -> None:
         time.sleep(5)  # the writer's baseline
         result = _json(_child("freeze"))
         sealed = _sealed_after()
+        with _pg(DB) as conn:
+            [(requests,)] = conn.execute(
+                "SELECT count(*) FROM audit_auditevent WHERE action = 'dlq.replay.request'"
+            ).fetchall()
         time.sleep(2)
         assert writer.stdin is not None
         writer.stdin.close()
@@ -288,7 +292,7 @@ def main() -> None:
             f"(plan {result['status']} after the freeze, total {result['total']:,})"
         )
         print(
-            f"  freeze: {result['total']:,} items + {result['total']:,} request audit events "
+            f"  freeze: {result['total']:,} items + {requests:,} request audit events "
             f"in {took:.1f} s = {result['total'] / took:,.0f}/s, {result['chunks']} chunks"
         )
         print(

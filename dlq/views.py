@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib import messages
-from django.db.models import QuerySet
+from django.db.models import Q, QuerySet
 from django.db.models.functions import Substr
 from django.http import Http404, HttpResponse
 from django.shortcuts import render
@@ -30,7 +30,7 @@ from dlq.actions import do_record_download, do_reveal_entry
 from dlq.entries_html import entry_rows_html
 from dlq.filters import PAGE_SIZE, EntryFilter, first_page, keyset_page, parse_id
 from dlq.groups_html import group_rows_html
-from dlq.models import DeadLetter, FailureGroup, Source, Status
+from dlq.models import DeadLetter, FailureGroup, ReplayItem, ReplayPlan, Source, Status
 from dlq.replay_views import lineage_context
 
 GROUPS_SHOWN = 200
@@ -156,6 +156,28 @@ def entry_list(request: HtmxHttpRequest) -> HttpResponse:
     return render(request, template, context)
 
 
+HISTORY_SHOWN = 100
+HISTORY_PLANS = 20
+
+
+def entry_history(entry: DeadLetter) -> list[AuditEvent]:
+    """The entry's audit events and, for the plans that held it (the newest
+    ``HISTORY_PLANS``), the request of the chunk it was frozen in: a plan audits its request
+    once per chunk (``dlq.freeze``), not once per entry. Newest first, at most
+    ``HISTORY_SHOWN``."""
+    shown = Q(target_type="dlq.deadletter", target_id=str(entry.pk))
+    items = ReplayItem.objects.filter(entry=entry).select_related("plan").order_by("-id")
+    for item in items[:HISTORY_PLANS]:
+        shown |= Q(
+            target_type=ReplayPlan._meta.label_lower,
+            target_id=str(item.plan_id),
+            action=f"dlq.{item.plan.kind}.request",
+            after__first_position__lte=item.position,
+            after__last_position__gte=item.position,
+        )
+    return list(AuditEvent.objects.filter(shown).order_by("-seq", "-id")[:HISTORY_SHOWN])
+
+
 def _detail_context(request: HtmxHttpRequest, entry: DeadLetter, revealed: bool) -> dict[str, Any]:
     channel = entry.channel
     redact = redaction.has_rules(channel) and not revealed
@@ -163,9 +185,7 @@ def _detail_context(request: HtmxHttpRequest, entry: DeadLetter, revealed: bool)
     header_rows, headers_hidden = body_render.header_rows(headers)
     body = entry.body if entry.body is None else bytes(entry.body)
     rendered = body_render.render_body(body, channel, redact=redact)
-    history = AuditEvent.objects.filter(
-        target_type="dlq.deadletter", target_id=str(entry.pk)
-    ).order_by("-seq")[:100]
+    history = entry_history(entry)
     return {
         "entry": entry,
         "channel": channel,

@@ -21,8 +21,11 @@ from dlq.actions import PlanRefused, do_approve_plan, do_cancel_plan, do_create_
 from dlq.filters import EntryFilter
 from dlq.models import DeadLetter, ItemStatus, PlanStatus, ReplayItem, ReplayPlan, Status
 from dlq.preview import Selection, ids_digest
+from dlq.views import entry_history
 from tests.conftest import client_for, make_channel, make_user
 from tests.dlq.conftest import letter, store
+
+HOSTILE_REASON = 'fixed <img src=x onerror=alert(1)> "quoted"'
 
 pytestmark = pytest.mark.django_db
 
@@ -93,15 +96,51 @@ def test_a_large_selection_is_frozen_in_the_background_in_chunks_in_replay_order
     assert set(DeadLetter.objects.exclude(pk=later[0].pk).values_list("status", flat=True)) == {
         Status.REPLAYING
     }
-    requests = AuditEvent.objects.filter(action="dlq.replay.request")
-    items = dict(plan.items.values_list("entry_id", "pk"))
-    assert sorted((int(e.target_id), e.after["item"]) for e in requests) == sorted(items.items())
-    assert {(e.actor_username, e.source_ip, e.reason) for e in requests} == {
-        ("otto", "192.0.2.7", "consumer fixed")
+    # One request event per chunk, naming the plan, the person and their reason; together
+    # the chunks' digests cover exactly the items, in plan order.
+    requests = AuditEvent.objects.filter(action="dlq.replay.request").order_by("id")
+    assert [e.after["entries"] for e in requests] == [3, 3, 3, 1]
+    assert {(e.target_id, e.actor_username, e.source_ip, e.reason) for e in requests} == {
+        (str(plan.pk), "otto", "192.0.2.7", "consumer fixed")
     }
+    assert requests[0].after["ids_sha256"] == ids_digest(_replay_order(entries)[:3])
+    assert freeze.chunk_mismatches(plan) == []
     [frozen] = AuditEvent.objects.filter(action="dlq.replay.frozen")
     assert frozen.after["entries"] == 10 and frozen.after["selected"] == 10
     assert frozen.after["ids_sha256"] == ids_digest(_replay_order(entries))
+
+
+@SMALL
+def test_the_chunk_requests_give_away_an_item_changed_after_the_freeze(oncall: User) -> None:
+    entries = _entries(10)
+    plan = _create(oncall)
+    freeze.run_freeze(plan.pk)
+    assert freeze.chunk_mismatches(plan) == []
+    other = store(plan.channel, letter())[0]
+    # Someone with write access swaps an entry of the second chunk, then drops the last item.
+    ReplayItem.objects.filter(plan=plan, position=4).update(entry_id=other.pk)
+    assert freeze.chunk_mismatches(plan) == ["positions 3-5: the items differ from the request"]
+    ReplayItem.objects.filter(plan=plan, position=4).update(entry_id=_replay_order(entries)[4])
+    ReplayItem.objects.filter(plan=plan, position=9).delete()
+    assert freeze.chunk_mismatches(plan) == ["positions 9-9: the items differ from the request"]
+    ReplayItem.objects.create(plan=plan, entry=other, position=10)  # one no request covers
+    assert freeze.chunk_mismatches(plan)[-1] == "the items from position 10 on are in no request"
+
+
+@SMALL
+def test_an_entry_page_shows_the_request_of_the_chunk_that_holds_it(oncall: User) -> None:
+    entries = _entries(10)
+    plan, _ = do_create_plan(
+        "replay", Selection(EntryFilter(channel="orders")), DeadLetter.objects.all(),
+        actor=Actor.for_user(oncall), reason=HOSTILE_REASON,
+    )  # fmt: skip
+    freeze.run_freeze(plan.pk)
+    entry = DeadLetter.objects.get(pk=_replay_order(entries)[4])  # the second chunk
+    [shown] = [e for e in entry_history(entry) if e.action == "dlq.replay.request"]
+    assert shown.after["first_position"] == 3 and shown.after["last_position"] == 5
+    page = client_for(oncall).get(entry.get_absolute_url()).content.decode()
+    assert page.count("dlq.replay.request") == 1
+    assert HOSTILE_REASON not in page and "&lt;img src=x onerror=alert(1)&gt;" in page
 
 
 @SMALL
@@ -123,7 +162,7 @@ def test_a_crash_between_chunks_resumes_from_the_last_committed_chunk(
         freeze.run_freeze(plan.pk, owner="worker-1")
     plan.refresh_from_db()
     assert plan.status == PlanStatus.FREEZING and plan.frozen == 6 and plan.items.count() == 6
-    assert AuditEvent.objects.filter(action="dlq.replay.request").count() == 6
+    assert AuditEvent.objects.filter(action="dlq.replay.request").count() == 2  # 3 + 3
     # A killed worker leaves its lease behind: nobody takes the plan until it expires.
     ReplayPlan.objects.filter(pk=plan.pk).update(
         lease_owner="worker-1", lease_until=timezone.now() + dt.timedelta(seconds=60)
@@ -139,7 +178,8 @@ def test_a_crash_between_chunks_resumes_from_the_last_committed_chunk(
     assert result.chunks == 2 and plan.status == PlanStatus.QUEUED and plan.total == 10
     assert _positions(plan) == _replay_order(entries)  # no gap, no entry twice
     requests = AuditEvent.objects.filter(action="dlq.replay.request")
-    assert sorted(int(e.target_id) for e in requests) == sorted(e.pk for e in entries)
+    assert sorted(e.after["first_position"] for e in requests) == [0, 3, 6, 9]
+    assert freeze.chunk_mismatches(plan) == []
 
 
 @SMALL
@@ -310,7 +350,7 @@ def test_other_audited_writers_and_ingest_go_on_while_a_chunk_is_open(
     assert plan.status == PlanStatus.FREEZING
     chunk_open, release = threading.Event(), threading.Event()
     errors: list[BaseException] = []
-    real = freeze._audit_requests
+    real = freeze._audit_request
 
     def hold_the_chunk_open(*args: Any) -> None:
         real(*args)
@@ -318,7 +358,7 @@ def test_other_audited_writers_and_ingest_go_on_while_a_chunk_is_open(
             chunk_open.set()
             release.wait(timeout=60)
 
-    monkeypatch.setattr(freeze, "_audit_requests", hold_the_chunk_open)
+    monkeypatch.setattr(freeze, "_audit_request", hold_the_chunk_open)
 
     def freezer() -> None:
         try:
@@ -388,7 +428,7 @@ def test_a_cancel_during_an_open_chunk_rolls_that_chunk_back(
     plan = _create(user)
     freeze.run_freeze(plan.pk, max_chunks=1)
     chunk_open, release = threading.Event(), threading.Event()
-    real = freeze._audit_requests
+    real = freeze._audit_request
 
     def hold_the_chunk_open(*args: Any) -> None:
         real(*args)
@@ -396,7 +436,7 @@ def test_a_cancel_during_an_open_chunk_rolls_that_chunk_back(
             chunk_open.set()
             release.wait(timeout=60)
 
-    monkeypatch.setattr(freeze, "_audit_requests", hold_the_chunk_open)
+    monkeypatch.setattr(freeze, "_audit_request", hold_the_chunk_open)
     results: list[Any] = []
 
     def freezer() -> None:
@@ -419,7 +459,7 @@ def test_a_cancel_during_an_open_chunk_rolls_that_chunk_back(
     assert [getattr(r, "status", r) for r in results] == [PlanStatus.CANCELLED]
     assert plan.items.count() == 3  # the open chunk's items rolled back with it
     assert set(DeadLetter.objects.values_list("status", flat=True)) == {Status.NEW}
-    requested = AuditEvent.objects.filter(action="dlq.replay.request")
-    assert sorted(int(e.target_id) for e in requested) == sorted(_replay_order(entries)[:3])
+    [requested] = AuditEvent.objects.filter(action="dlq.replay.request")
+    assert requested.after["ids_sha256"] == ids_digest(_replay_order(entries)[:3])
     assert ReplayItem.objects.filter(plan=plan, status=ItemStatus.CANCELLED).count() == 3
     _wait_sealed()

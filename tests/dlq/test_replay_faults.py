@@ -138,6 +138,10 @@ def _assert_every_entry_accounted_for(fault: dict[str, Any], crashes: int) -> in
         audit = conn.execute(
             "SELECT target_id, action FROM audit_auditevent WHERE target_type = 'dlq.deadletter'"
         ).fetchall()
+        [(requested,)] = conn.execute(
+            "SELECT sum((after->>'entries')::int) FROM audit_auditevent "
+            "WHERE action = 'dlq.replay.request'"
+        ).fetchall()
     assert set(statuses) <= {"replayed", "failed"} and sum(statuses.values()) == COUNT
     assert {s for _, s, _ in items} <= {"confirmed", "failed"}
     received = _received(fault["queue"])
@@ -148,8 +152,8 @@ def _assert_every_entry_accounted_for(fault: dict[str, Any], crashes: int) -> in
     extra = len(received) - len(final_ids)
     assert 0 <= extra <= crashes * IN_FLIGHT  # duplicates bounded by the in-flight window
     per_entry = collections.Counter((t, a) for t, a in audit)
+    assert requested == COUNT  # the chunks' request events cover every entry once
     for entry_id in {t for t, _ in audit}:
-        assert per_entry[(entry_id, "dlq.replay.request")] == 1
         terminal = (
             per_entry[(entry_id, "dlq.replay.replayed")]
             + per_entry[(entry_id, "dlq.replay.failed")]
