@@ -55,6 +55,7 @@ from channels_registry.models import (
     BrokerConfigError,
     BrokerKind,
 )
+from dlq.freeze import altered_items
 from dlq.models import (
     DeadLetter,
     ItemStatus,
@@ -595,6 +596,12 @@ def run_plan(plan_id: int, *, max_seconds: float = SLICE_S, owner: str | None = 
         return result
     try:
         plan = ReplayPlan.objects.select_related("channel", "channel__broker").get(pk=plan_id)
+        if plan.started_at is None and plan.status in RUNNABLE:
+            problem = altered_items(plan)
+            if problem:
+                _pause(plan, problem, Actor.system(f"{plan.kind}-relay"))
+                result.status = PlanStatus.PAUSED
+                return result
         if plan.kind == PlanKind.DISCARD:
             from dlq.actions import run_discard_plan
 
@@ -901,9 +908,14 @@ def _pause_unconfigured(plan: ReplayPlan, problem: str, actor: Actor) -> None:
     """The relay cannot even connect (e.g. the broker's URL variable is unset on this worker):
     pause the plan with the reason on it instead of failing the task again and again, so the
     page says what to fix and a person resumes it afterwards."""
+    _pause(plan, f"cannot connect to the broker: {problem}", actor)
+
+
+def _pause(plan: ReplayPlan, note: str, actor: Actor) -> None:
+    """Pause a runnable plan with ``note`` on it, audited (outcome "failed")."""
     with transaction.atomic():
         paused = ReplayPlan.objects.filter(pk=plan.pk, status__in=RUNNABLE).update(
-            status=PlanStatus.PAUSED, status_note=f"cannot connect to the broker: {problem}"
+            status=PlanStatus.PAUSED, status_note=note[:1000]
         )
         if paused:
             record(
@@ -911,7 +923,7 @@ def _pause_unconfigured(plan: ReplayPlan, problem: str, actor: Actor) -> None:
                 actor=actor,
                 target=plan,
                 channel_slug=plan.channel.slug,
-                reason=f"cannot connect to the broker: {problem}",
+                reason=note[:1000],
                 after={"status": PlanStatus.PAUSED},
                 outcome="failed",
             )

@@ -361,6 +361,28 @@ def test_a_lost_connection_waits_for_the_broker_and_spends_no_attempt(
     _assert_one_request_and_one_outcome_each(entries)
 
 
+def test_a_plan_whose_items_were_altered_after_the_freeze_sends_nothing(
+    oncall: User, publisher: RecordingAdapter
+) -> None:
+    entries = _entries(3)
+    [stranger] = store(entries[0].channel, letter(headers={"Idempotency-Key": "not-confirmed"}))
+    plan = plan_for(entries, oncall)
+    # Someone with database access swaps a frozen entry for one nobody confirmed.
+    ReplayItem.objects.filter(plan=plan, entry=entries[1]).update(entry=stranger)
+    result = relay.run_plan(plan.pk)
+    plan.refresh_from_db()
+    assert result.status == plan.status == PlanStatus.PAUSED and publisher.sent == []
+    assert "differ from the entries its audit trail recorded" in plan.status_note
+    [paused] = AuditEvent.objects.filter(action="dlq.replay.pause")
+    assert paused.outcome == "failed" and paused.reason == plan.status_note
+    # Resuming does not get it past the check; restoring the item does.
+    do_resume_plan(plan.pk, actor=Actor.for_user(oncall))
+    assert relay.run_plan(plan.pk).status == PlanStatus.PAUSED and publisher.sent == []
+    ReplayItem.objects.filter(plan=plan, entry=stranger).update(entry=entries[1])
+    do_resume_plan(plan.pk, actor=Actor.for_user(oncall))
+    assert relay.run_plan(plan.pk).status == PlanStatus.DONE and len(publisher.sent) == 3
+
+
 def test_pause_stops_and_resume_continues(
     oncall: User, publisher: RecordingAdapter, monkeypatch: pytest.MonkeyPatch
 ) -> None:
