@@ -10,9 +10,12 @@
    returns at once, FREEZING) and freezes it as the background task does
    (``dlq.freeze.run_freeze``), with the audit sealer on its thread as in production.
 4. Printed: the request's time, the freeze's time and rate, the freezing process's peak RSS
-   (``resource.getrusage``), when the last audit event was sealed, and the other writer's
-   latency (p50/p99/max) before and during the freeze. Targets (issue 13): 1M entries frozen
-   in < 60 s with bounded memory; the other writer never waits > 100 ms.
+   (``resource.getrusage``), when the last audit event was sealed, the other writer's
+   latency (p50/p99/max) before and during the freeze, and how many lock waits of 100 ms or
+   more PostgreSQL logged in the bench database (``log_lock_waits`` with a 100 ms
+   ``deadlock_timeout``, set on that database; read from ``BENCH_PG_LOG``, by default
+   Debian's server log). Targets (issue 13): 1M entries frozen in < 60 s with bounded memory;
+   the other writer never waits > 100 ms for the freeze.
 
 ``BENCH_FREEZE_MODE=one-transaction`` freezes the same work in ONE transaction instead (the
 pre-chunking shape, for comparison). ``BENCH_CHUNK`` sets ``DLO_FREEZE_CHUNK``. The database is
@@ -36,6 +39,7 @@ PG_ADMIN = os.environ.get("BENCH_PG_ADMIN_URL", "postgres://postgres@127.0.0.1:5
 ROWS = int(os.environ.get("BENCH_ROWS", "1000000"))
 MODE = os.environ.get("BENCH_FREEZE_MODE", "chunked")
 RUN = os.environ.get("BENCH_RUN", uuid.uuid4().hex[:8])
+PG_LOG = os.environ.get("BENCH_PG_LOG", "/var/log/postgresql/postgresql-15-main.log")
 DB = f"bench_freeze_{RUN}"
 SLUG = f"bench-freeze-{RUN}"
 ADDRESS = f"bench.freeze.{RUN}"
@@ -265,10 +269,31 @@ def _sealed_after(deadline_s: float = 600) -> float:
     return float("nan")
 
 
+def _log_size() -> int | None:
+    try:
+        return os.path.getsize(PG_LOG)
+    except OSError:
+        return None
+
+
+def _lock_waits(since: int | None) -> str:
+    """Lock waits of 100 ms or more PostgreSQL logged for the bench database since ``since``."""
+    if since is None:
+        return f"not counted ({PG_LOG} is not readable; set BENCH_PG_LOG)"
+    with open(PG_LOG, "rb") as log:
+        log.seek(since)
+        lines = log.read().decode(errors="replace").splitlines()
+    waits = [line for line in lines if f"@{DB} " in line and "still waiting for" in line]
+    return f"{len(waits)}" + (f" (first: {waits[0][:200]})" if waits else "")
+
+
 def main() -> None:
     print(f"freeze bench: {ROWS:,} entries, mode {MODE}; {_uptime()}")
     with _pg() as conn:
         conn.execute(f'CREATE DATABASE "{DB}"')
+        conn.execute(f'ALTER DATABASE "{DB}" SET log_lock_waits = on')
+        conn.execute(f'ALTER DATABASE "{DB}" SET deadlock_timeout = 100')
+    log_from = _log_size()
     try:
         env = {**os.environ, "DATABASE_URL": _url(DB)}
         subprocess.run([sys.executable, "manage.py", "migrate", "-v0"], env=env, check=True)
@@ -304,6 +329,7 @@ def main() -> None:
         for kind in ("record", "ingest"):
             print("  other writer before: " + _stats(samples, kind, first, start))
             print("  other writer during: " + _stats(samples, kind, start, done))
+        print(f"  lock waits of 100 ms or more in the bench database: {_lock_waits(log_from)}")
         print(f"  {_uptime()}")
     finally:
         with _pg() as conn:
