@@ -226,13 +226,18 @@ def chunk_request(plan: ReplayPlan, ids: list[int], start: int) -> dict[str, Any
 
 def _audit_request(plan: ReplayPlan, ids: list[int], start: int, actor: Actor) -> None:
     """The chunk's request event (see the module docstring)."""
+    _audit(plan, "request", actor, chunk_request(plan, ids, start))
+
+
+def _audit(plan: ReplayPlan, verb: str, actor: Actor, after: dict[str, Any]) -> None:
+    """A ``dlq.<kind>.<verb>`` event of the plan, with the requester's reason."""
     record(
-        f"dlq.{plan.kind}.request",
+        f"dlq.{plan.kind}.{verb}",
         actor=actor,
         target=plan,
         channel_slug=plan.channel.slug,
         reason=plan.reason,
-        after=chunk_request(plan, ids, start),
+        after=after,
     )
 
 
@@ -408,14 +413,7 @@ def _finish(plan: ReplayPlan, owner: str, actor: Actor) -> None:
     selected = plan.total
     if not _close(plan, owner):
         raise Interrupted(f"plan {plan.pk} is no longer freezing under this lease")
-    record(
-        f"dlq.{plan.kind}.frozen",
-        actor=actor,
-        target=plan,
-        channel_slug=plan.channel.slug,
-        reason=plan.reason,
-        after={"status": plan.status, "selected": selected, **frozen.as_json()},
-    )
+    _audit(plan, "frozen", actor, {"status": plan.status, "selected": selected, **frozen.as_json()})
     if plan.status == PlanStatus.QUEUED:
         start_plan(plan)
 
