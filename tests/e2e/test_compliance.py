@@ -66,9 +66,10 @@ def test_compliance_filters_exports_and_verifies_offline(journey: Any, tmp_path:
 
     with csv_path.open(encoding="utf-8") as handle:
         rows = list(csv.DictReader(handle))
-    assert [r["action"] for r in rows] == ["dlq.replay.plan"]
-    assert rows[0]["reason"].startswith("'=")  # formula neutralised
-    assert len(jsonl_path.read_text().splitlines()) == 1
+    # The plan's own events, newest first: its request (one per freeze chunk) and the plan.
+    assert [r["action"] for r in rows] == ["dlq.replay.request", "dlq.replay.plan"]
+    assert all(r["reason"].startswith("'=") for r in rows)  # formula neutralised
+    assert len(jsonl_path.read_text().splitlines()) == 2
 
     # A filtered export is a subset: each event's own hash verifies offline.
     check = subprocess.run(

@@ -150,4 +150,5 @@ def test_oncall_triages_and_replays_a_failure_group(journey: Any, rabbit: tuple[
     tab.go(f"/dead-letters/{hostile.pk}/")
     history = page.locator("main").inner_text()
     assert "dlq.replay.request" in history and "dlq.replay.replayed" in history
+    tab.shot("6-entry-history")
     tab.check_clean()
