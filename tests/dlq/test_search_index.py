@@ -10,7 +10,7 @@ from django.db import connection
 from django.utils import timezone
 
 from brokers.base import Address
-from dlq import ingest, search
+from dlq import filters, ingest, search, views
 from dlq.actions import do_purge_expired
 from dlq.filters import EntryFilter
 from dlq.models import DeadLetter, SearchText, Status
@@ -98,3 +98,21 @@ def test_ingest_indexes_on_its_own_thread_after_the_ack(fake_adapter: FakeAdapte
     assert result.inserted == 1100 and len(fake_adapter.acked) == 1100
     assert SearchText.objects.count() == 1100
     assert len(_found("needle-1")) == 211  # needle-1, -10…-19, -100…-199, -1000…-1099
+
+
+def test_a_text_search_counts_to_its_own_lower_cap(
+    viewer: User, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(filters, "SEARCH_COUNT_CAP", 3)
+    monkeypatch.setattr(filters, "COUNT_CAP", 6)
+    monkeypatch.setattr(views, "PAGE_SIZE", 1)
+    channel = make_channel()
+    store(channel, *[letter(b'{"note": "capybara %d"}' % i) for i in range(5)])
+    store(channel, *[letter(b'{"note": "other"}') for _ in range(2)])
+    client = client_for(viewer)
+    found = client.get("/dead-letters/list/?q=capybara").content.decode()
+    assert "more than 3 matching entries" in found
+    # Below its cap a search is counted exactly, and a filter without text counts to 6.
+    assert "2 matching entries" in client.get("/dead-letters/list/?q=other").content.decode()
+    listed = client.get(f"/dead-letters/list/?channel={channel.slug}").content.decode()
+    assert "more than 6 matching entries" in listed
