@@ -141,7 +141,8 @@ def test_rows_are_the_old_partials_rows_byte_for_byte() -> None:
     disabled-broker rows: ``row_html`` renders what the template partial rendered."""
     from django.template import Context, Template
 
-    from dashboard.board import board_rows, conditions_for
+    from channels_registry.models import Channel
+    from dashboard.board import board_rows, conditions_for, make_row
     from dashboard.board_html import row_html, rows_html
 
     now = timezone.now()
@@ -175,10 +176,14 @@ def test_rows_are_the_old_partials_rows_byte_for_byte() -> None:
             eta_s=[None, 7200.0][n % 2],
             spark=[[start + t, v] for t, v in spark],
         )
-    rows = board_rows(conditions_for(), now)
+    rows = board_rows(conditions_for(), now)  # from tuples (``dashboard.board_data``)
     assert len(rows) == 2 * len(SPARKS) and any(r.stale for r in rows)
+    # The partial renders each row as made from model instances, as the board did.
+    channels = Channel.objects.select_related("broker", "health").in_bulk()
+    model_rows = [make_row(channels[row.channel.pk], now) for row in rows]
     partial = Template(TEMPLATE_ROW)
-    for row in rows:
+    for row, model_row in zip(rows, model_rows, strict=True):
         for oob in (False, True):
-            assert str(row_html(row, oob)) == partial.render(Context({"row": row, "oob": oob}))
-    assert rows_html(rows) == "".join(partial.render(Context({"row": r})) for r in rows)
+            expected = partial.render(Context({"row": model_row, "oob": oob}))
+            assert str(row_html(row, oob)) == expected
+    assert rows_html(rows) == "".join(partial.render(Context({"row": r})) for r in model_rows)
