@@ -1,7 +1,8 @@
 """Server-rendered SVG charts: board sparklines and the channel page's time series.
 
-Only numbers computed here go into the markup (labels pass through ``format_html``), so no
-broker- or user-provided text reaches an attribute unescaped. A ``None`` value is a gap in the
+Only numbers computed here go into the markup (labels are escaped: ``format_html``, or
+``escape`` in the sparkline drawn for every board row), so no broker- or user-provided text
+reaches an attribute unescaped. A ``None`` value is a gap in the
 line (unknown), never a drop to zero.
 """
 
