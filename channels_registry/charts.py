@@ -1,7 +1,8 @@
 """Server-rendered SVG charts: board sparklines and the channel page's time series.
 
-Only numbers computed here go into the markup (labels pass through ``format_html``), so no
-broker- or user-provided text reaches an attribute unescaped. A ``None`` value is a gap in the
+Only numbers computed here go into the markup (labels are escaped: ``format_html``, or
+``escape`` in the sparkline drawn for every board row), so no broker- or user-provided text
+reaches an attribute unescaped. A ``None`` value is a gap in the
 line (unknown), never a drop to zero.
 """
 
@@ -11,6 +12,7 @@ import dataclasses
 import datetime as dt
 import itertools
 from collections.abc import Callable, Sequence
+from html import escape
 from typing import Any
 
 from django.utils import timezone
@@ -52,44 +54,38 @@ def _segments(
 
 
 def _draw(segments: list[str]) -> SafeString:
-    """A polyline per segment; a lone point (one sample between gaps) as a dot."""
+    """A polyline per segment; a lone point (one sample between gaps) as a dot. The segments
+    are ``_segments``' "x,y" pairs of formatted floats (digits, ".", "-", "inf", "nan"):
+    nothing to escape, so no ``format_html`` (half the cost of a board row's sparkline)."""
     parts = []
     for seg in segments:
         if " " in seg:
-            parts.append(format_html('<polyline points="{}"/>', seg))
+            parts.append(f'<polyline points="{seg}"/>')
         else:
             x, y = seg.split(",")
-            parts.append(format_html('<circle cx="{}" cy="{}" r="1.5"/>', x, y))
-    return mark_safe("".join(parts))
+            parts.append(f'<circle cx="{x}" cy="{y}" r="1.5"/>')
+    return mark_safe("".join(parts))  # numbers only, see above
 
 
 def sparkline(
     series: Series, start: float, end: float, *, width: int = 140, height: int = 32
 ) -> SafeString:
+    """The board's backlog sparkline (built with f-strings: it is drawn for every row shown;
+    the sizes are ints and the label is escaped)."""
+    width, height = int(width), int(height)
     known = [v for _, v in series if v is not None]
     if not known:
-        return format_html(
-            '<svg class="spark spark-empty" width="{}" height="{}" role="img"'
-            ' aria-label="no data"><line x1="0" y1="{}" x2="{}" y2="{}"/></svg>',
-            width,
-            height,
-            height - 1,
-            width,
-            height - 1,
+        return mark_safe(  # ints only
+            f'<svg class="spark spark-empty" width="{width}" height="{height}" role="img"'
+            f' aria-label="no data"><line x1="0" y1="{height - 1}" x2="{width}"'
+            f' y2="{height - 1}"/></svg>'
         )
     top = max(known)
     lines = _draw(_segments(series, start, end, top, width, height))
-    text = f"backlog, last hour: max {top:,.0f}, now {known[-1]:,.0f}"
-    return format_html(
-        '<svg class="spark" width="{}" height="{}" viewBox="0 0 {} {}" role="img"'
-        ' aria-label="{}"><title>{}</title>{}</svg>',
-        width,
-        height,
-        width,
-        height,
-        text,
-        text,
-        lines,
+    text = escape(f"backlog, last hour: max {top:,.0f}, now {known[-1]:,.0f}")
+    return mark_safe(  # ints, the escaped label and _draw's numbers
+        f'<svg class="spark" width="{width}" height="{height}" viewBox="0 0 {width} {height}"'
+        f' role="img" aria-label="{text}"><title>{text}</title>{lines}</svg>'
     )
 
 

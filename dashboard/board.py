@@ -1,7 +1,8 @@
 """The health board (``/``): one row per channel, worst first, filtered by team/broker/state.
 
-``board_rows`` builds the rows with one query (channels joined with their health and broker);
-the page and the websocket push (``dashboard.live``) render each row with ``dashboard.board_html``.
+``board_rows`` builds the rows with one query (channels joined with their health and broker,
+as tuples: ``dashboard.board_data``); the page and the websocket push (``dashboard.live``)
+render each row with ``dashboard.board_html``.
 
 Nothing here grows with the whole table: the order (worst first) is the *stored* severity of
 each health row (``ChannelHealth.severity``, written when health is evaluated), raised to STALE
@@ -35,6 +36,7 @@ from channels_registry.charts import sparkline
 from channels_registry.health import SEVERITY, DlqFlag, HealthState, fmt_duration
 from channels_registry.models import Broker, Channel, ChannelHealth
 from channels_registry.polling import SPARK_MINUTES
+from dashboard.board_data import RowChannel, RowHealth, load_rows
 from dashboard.board_html import rows_html
 from dashboard.http import HtmxHttpRequest
 
@@ -47,8 +49,8 @@ MORE_ROWS = 300
 
 @dataclasses.dataclass
 class BoardRow:
-    channel: Channel
-    health: ChannelHealth | None
+    channel: Channel | RowChannel
+    health: ChannelHealth | RowHealth | None
     state: str
     state_label: str
     evidence: list[str]
@@ -73,22 +75,6 @@ class BoardRow:
     @property
     def stale(self) -> bool:
         return self.state in (HealthState.STALE, HealthState.UNKNOWN)
-
-
-#: The channel fields a board row shows (``dashboard.board_html``, ``dashboard.live``). The
-#: other ~55 (the delivery contract, findings, schema settings) are not loaded: building them
-#: for 100 rows cost more than the query.
-ROW_CHANNEL_FIELDS = frozenset({"id", "name", "slug", "owner_team", "enabled", "broker"})
-
-
-def board_channels(channels: QuerySet[Channel]) -> QuerySet[Channel]:
-    """The one query behind the board: channel + broker + health, minus the health window."""
-    unused = [f.name for f in Channel._meta.concrete_fields if f.name not in ROW_CHANNEL_FIELDS]
-    return (
-        channels.filter(enabled=True)
-        .select_related("broker", "health")
-        .defer(*unused, "health__window", "health__observed", "health__observed_findings")
-    )
 
 
 #: The board's filters on the channel itself (enabled, team, broker, ids): the keys of
@@ -284,8 +270,8 @@ def conditions_for(**filters: Any) -> Conditions:
     return {"enabled": True, **{k: v for k, v in filters.items() if v not in ("", None)}}
 
 
-def make_row(channel: Channel, now: dt.datetime) -> BoardRow:
-    health: ChannelHealth | None = getattr(channel, "health", None)
+def make_row(channel: Channel | RowChannel, now: dt.datetime) -> BoardRow:
+    health: ChannelHealth | RowHealth | None = getattr(channel, "health", None)
     disabled = (
         f"Broker {channel.broker.name} is disabled: its channels are not polled."
         if not channel.broker.enabled
@@ -366,7 +352,7 @@ def board_rows(
     if end is None:
         end = Channel.objects.filter(**conditions).count()
     ids = ranking.ids(end)[start:]
-    loaded = {c.pk: c for c in board_channels(Channel.objects.filter(pk__in=ids)).order_by()}
+    loaded = load_rows(ids)
     return [make_row(loaded[pk], now) for pk in ids if pk in loaded]
 
 

@@ -19,7 +19,7 @@ from django.utils.safestring import SafeString, mark_safe
 
 from channels_registry.health import fmt_duration
 from channels_registry.templatetags.dlo_health import num
-from dashboard.html import escape
+from dashboard.html import ChannelLinks, escape
 from dlq.render import visible
 
 if TYPE_CHECKING:
@@ -33,12 +33,11 @@ def _duration(value: float | None) -> str:
     return _DASH if value is None else fmt_duration(float(value))
 
 
-def _channel_cell(row: BoardRow) -> str:
+def _channel_cell(row: BoardRow, links: ChannelLinks) -> str:
     channel = row.channel
-    channel_url = channel.get_absolute_url()
     team = f" · {escape(channel.owner_team)}" if channel.owner_team else ""
     return (
-        f'<td data-label="Channel"><a href="{escape(channel_url)}">{escape(channel.name)}</a>'
+        f'<td data-label="Channel"><a href="{links(channel.slug)}">{escape(channel.name)}</a>'
         f'<div class="sub">{escape(channel.broker.name)}{team}</div></td>'
     )
 
@@ -104,13 +103,14 @@ def _sample_cell(row: BoardRow) -> str:
     )
 
 
-def row_html(row: BoardRow, oob: bool = False) -> SafeString:
-    """The row's ``<tr>`` (``oob``: marked for an htmx out-of-band swap, as pushed)."""
+def row_html(row: BoardRow, oob: bool = False, links: ChannelLinks | None = None) -> SafeString:
+    """The row's ``<tr>`` (``oob``: marked for an htmx out-of-band swap, as pushed); ``links``
+    shared by the rows of one list."""
     stale = " is-stale" if row.stale else ""
     swap = ' hx-swap-oob="true"' if oob else ""
     return mark_safe(  # every interpolated value above and here is escaped
         f'\n<tr id="{escape(row.dom_id)}" class="row-{escape(row.state)}{stale}"{swap}>\n'
-        f"{_channel_cell(row)}\n"
+        f"{_channel_cell(row, links or ChannelLinks())}\n"
         f"{_state_cell(row)}\n"
         f"{_number_cells(row)}"
         f'<td data-label="Backlog, 1 h">{row.spark}</td>\n'
@@ -122,4 +122,5 @@ def row_html(row: BoardRow, oob: bool = False) -> SafeString:
 
 def rows_html(rows: list[BoardRow]) -> SafeString:
     """Every row, in order."""
-    return mark_safe("".join(row_html(r) for r in rows))  # each row_html is escaped
+    links = ChannelLinks()
+    return mark_safe("".join(row_html(r, links=links) for r in rows))  # each row is escaped

@@ -9,8 +9,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from html import escape as _html_escape
 from typing import Any
+from urllib.parse import quote
 
 from django.db.models import QuerySet
+from django.urls import reverse
 from django.utils.safestring import SafeString, mark_safe
 
 
@@ -18,6 +20,19 @@ def escape(value: Any) -> str:
     """Django's ``escape`` (the same five characters replaced) without its lazy-string wrapper,
     which costs more than the rest of a row."""
     return _html_escape(str(value))
+
+
+class ChannelLinks:
+    """Channel page URLs for a list of rows, escaped for an attribute: the pattern is reversed
+    once per list (``reverse`` per row cost ~10 µs, a tenth of a board row)."""
+
+    def __init__(self) -> None:
+        # A placeholder slug: ``<slug:slug>`` matches only [-a-zA-Z0-9_], which ``quote``
+        # leaves as they are (as ``reverse`` would), and it escapes anything else.
+        self._pattern = reverse("channel_detail", args=["slug"]).replace("/slug/", "/{}/")
+
+    def __call__(self, slug: str) -> str:
+        return escape(self._pattern.format(quote(slug, safe="")))
 
 
 def options(values: Iterable[str], selected: str) -> SafeString:

@@ -23,6 +23,7 @@ from django.utils import timezone
 
 from dashboard.board import board_rows, conditions_for
 from dashboard.board_html import row_html
+from dashboard.html import ChannelLinks
 
 log = logging.getLogger(__name__)
 
@@ -65,8 +66,9 @@ def push_board_rows(channel_ids: Iterable[int]) -> int:
     # ASCII only (non-ASCII as character references, the same HTML to a parser): Python
     # then stores each row and every client's joined frame one byte per character, and the
     # server's UTF-8 encoding of each frame is a plain copy.
+    links = ChannelLinks()
     rendered = {
-        pk: row_html(row, oob=True).encode("ascii", "xmlcharrefreplace").decode("ascii")
+        pk: row_html(row, True, links).encode("ascii", "xmlcharrefreplace").decode("ascii")
         for pk, row in rows.items()
     }
     fresh = _changed_only(rendered)

@@ -23,16 +23,18 @@ SOURCES = dict(Source.choices)
 STATUSES = dict(Status.choices)
 
 
-def _clip(value: Any, length: int) -> str:
-    """``value|visible|truncatechars:length``, escaped. ASCII text is already NFC and has no
+def truncate(text: str, length: int) -> str:
+    """``text|truncatechars:length`` (``length`` > 0). ASCII text is already NFC and has no
     combining characters, so Django's ``Truncator`` (NFC-normalises, then walks every
     character) comes down to a slice; anything else still goes through it."""
-    text = visible(value or "")
     if not text.isascii():
-        text = truncatechars(text, length)
-    elif len(text) > length:
-        text = text[: length - 1] + "…"
-    return escape(text)
+        return truncatechars(text, length)
+    return text[: length - 1] + "…" if len(text) > length else text
+
+
+def _clip(value: Any, length: int) -> str:
+    """``value|visible|truncatechars:length``, escaped."""
+    return escape(truncate(visible(value or ""), length))
 
 
 def _id_cell(entry: Any, detail: str) -> str:

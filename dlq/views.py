@@ -29,16 +29,11 @@ from dlq.access import (
 from dlq.actions import do_record_download, do_reveal_entry
 from dlq.entries_html import entry_rows_html
 from dlq.filters import PAGE_SIZE, EntryFilter, first_page, keyset_page, parse_id
-from dlq.groups_html import group_rows_html
-from dlq.models import DeadLetter, FailureGroup, ReplayItem, ReplayPlan, Source, Status
+from dlq.groups_html import GROUP_FIELDS, Group, group_rows_html
+from dlq.models import DeadLetter, ReplayItem, ReplayPlan, Source, Status
 from dlq.replay_views import lineage_context
 
 GROUPS_SHOWN = 200
-#: What a row shows (``dlq.groups_html``): of the channel only its slug, not its ~50 fields.
-GROUP_FIELDS = (
-    "channel__slug", "reason", "error_class", "normalized_error", "count", "open_count",
-    "first_seen", "last_seen", "message_type", "sample_id",
-)  # fmt: skip
 #: What an entry list row shows (``dlq.entries_html``): never the body (up to 1 MiB), headers
 #: or search text, and of the channel only its slug and retention (the eviction warning).
 ENTRY_ROW_FIELDS = (
@@ -48,7 +43,7 @@ ENTRY_ROW_FIELDS = (
 )  # fmt: skip
 
 
-def _group_rows(shown: list[FailureGroup]) -> list[dict[str, Any]]:
+def _group_rows(shown: list[Group]) -> list[dict[str, Any]]:
     """The shown groups with their stored trend and the first 200 characters of their
     sample's error (cut in SQL: an error message may be long)."""
     samples = dict(
@@ -56,10 +51,10 @@ def _group_rows(shown: list[FailureGroup]) -> list[dict[str, Any]]:
         .annotate(head=Substr("error_message", 1, 200))
         .values_list("id", "head")
     )
-    counts = trends.trends([g.pk for g in shown], timezone.now())
+    counts = trends.trends([g.id for g in shown], timezone.now())
     rows = []
     for g in shown:
-        recent, previous = counts.get(g.pk, (0, 0))
+        recent, previous = counts.get(g.id, (0, 0))
         sample = samples.get(g.sample_id, "") if g.sample_id else ""
         rows.append(
             {
@@ -88,13 +83,8 @@ def group_list(request: HtmxHttpRequest) -> HttpResponse:
     # Open groups first (what needs triage), walked and cut along ``dlq_group_triage_order``.
     # Samples are fetched for the shown groups only: joined in the query, PostgreSQL looked
     # up the sample of every group before sorting.
-    ordered = (
-        groups.select_related(None)
-        .select_related("channel")
-        .only(*GROUP_FIELDS)
-        .order_by("-open_count", "-last_seen", "-id")
-    )
-    shown = list(ordered[: GROUPS_SHOWN + 1])
+    ordered = groups.order_by("-open_count", "-last_seen", "-id").values_list(*GROUP_FIELDS)
+    shown = [Group._make(values) for values in ordered[: GROUPS_SHOWN + 1]]
     rows = _group_rows(shown[:GROUPS_SHOWN])
     context: dict[str, Any] = {
         "rows": rows,

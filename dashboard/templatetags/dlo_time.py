@@ -19,17 +19,31 @@ FORMATS = {
 }
 
 
+def _formatted(utc: dt.datetime, iso: str, style: str) -> str:
+    """``utc.strftime(FORMATS[style])``, cut from its ``isoformat()`` ("2026-12-03T07:51:00…"):
+    a third of the cost, and the failure groups page shows two times per row. Below the year
+    1000 ``strftime`` does not pad the year, so those go through it."""
+    if utc.year < 1000:
+        return utc.strftime(FORMATS[style])
+    if style == "date":
+        return iso[:10]
+    if style == "time":
+        return iso[11:16]
+    return f"{iso[:10]} {iso[11:19] if style == 'seconds' else iso[11:16]}"
+
+
 @register.filter
 def when(value: dt.datetime | None, style: str = "minutes") -> SafeString | str:
     if not isinstance(value, dt.datetime):
         return "—"
     style = style if style in FORMATS else "minutes"
     utc = value.astimezone(dt.UTC) if value.tzinfo else value.replace(tzinfo=dt.UTC)
+    iso = utc.isoformat()
     # Only digits, "-", ":", "+", "." and spaces, and ``style`` is one of FORMATS' keys:
     # nothing to escape (format_html's escaping cost a long list ~50 µs per time).
     return mark_safe(
-        f'<time datetime="{utc.isoformat()}" data-local="{style}"'
-        f' title="{utc.strftime(FORMATS["seconds"])} UTC">{utc.strftime(FORMATS[style])} UTC</time>'
+        f'<time datetime="{iso}" data-local="{style}" title="{_formatted(utc, iso, "seconds")}'
+        f' UTC">{_formatted(utc, iso, style)} UTC</time>'
     )
 
 

@@ -111,3 +111,79 @@ def test_channel_options_render_as_the_template_loop_did(values: list[str]) -> N
     for chosen in ["", "a-b", HOSTILE, "a\x00b"]:
         expected = loop.render({"channels": values, "channel": chosen})
         assert str(options(values, chosen)) == expected
+
+
+#: The row partial of ``templates/dashboard/board.html`` before the rows moved to Python.
+TEMPLATE_ROW = """{% load dlo_health %}{% with h=row.health %}
+<tr id="{{ row.dom_id }}" class="row-{{ row.state }}{% if row.stale %} is-stale{% endif %}"{% if oob %} hx-swap-oob="true"{% endif %}>
+<td data-label="Channel"><a href="{{ row.channel.get_absolute_url }}">{{ row.channel.name }}</a><div class="sub">{{ row.channel.broker.name }}{% if row.channel.owner_team %} · {{ row.channel.owner_team }}{% endif %}</div></td>
+<td data-label="State"><span class="state state-{{ row.state }}">{{ row.state_label }}</span>{% for value, label in row.dlq_flags %} <span class="state state-{{ value }}">{{ label }}</span>{% endfor %}{% if row.evidence %}<div class="evidence sub">{{ row.evidence.0|visible }}</div>{% endif %}</td>
+<td class="n" data-label="Backlog">{{ h.backlog|num }}</td>
+<td class="n" data-label="In flight">{{ h.in_flight|num }}</td>
+<td class="n" data-label="Consumers">{% if h %}{{ h.active_consumers|num }} / {{ h.consumers|num }}{% else %}—{% endif %}</td>
+<td class="n" data-label="Oldest / lag">{% if h.oldest_age_s is not None %}{{ h.oldest_age_s|duration }}{% elif h.lag_s is not None %}~{{ h.lag_s|duration }}{% else %}—{% endif %}</td>
+<td class="n" data-label="DLQ">{{ h.dlq_depth|num }}{% if h.dlq_unresolved %}<div class="stored">+{{ h.dlq_unresolved|num }} stored</div>{% endif %}</td>
+<td class="n" data-label="Poison">{{ h.poison_depth|num }}{% if h.poison_unresolved %}<div class="stored">+{{ h.poison_unresolved|num }} stored</div>{% endif %}</td>
+<td data-label="Backlog, 1 h">{{ row.spark }}</td>
+<td data-label="Drain ETA">{{ row.eta }}</td>
+<td data-label="Last sample">{% if row.last_sample_at %}<time datetime="{{ row.last_sample_at|date:'c' }}" data-age>{{ row.last_sample_age_s|duration }} ago</time>{% else %}never{% endif %}</td>
+</tr>{% endwith %}
+"""  # noqa: E501
+
+SPARKS: list[list[Any]] = [
+    [], [[0, None]], [[60, 5]], [[60, 0], [120, 0]], [[60, 3], [120, None], [180, 4], [240, 7.5]],
+    [[i * 60, (i * 37) % 11 * 1234.5] for i in range(60)], [[3000, -3], [3600, 1e12]],
+]  # fmt: skip
+
+
+def test_rows_are_the_old_partials_rows_byte_for_byte() -> None:
+    """Hostile registry and broker text, every kind of sparkline, stale, never-polled and
+    disabled-broker rows: ``row_html`` renders what the template partial rendered."""
+    from django.template import Context, Template
+
+    from channels_registry.models import Channel
+    from dashboard.board import board_rows, conditions_for, make_row
+    from dashboard.board_html import row_html, rows_html
+
+    now = timezone.now()
+    off = make_broker(name=f"off {HOSTILE}", enabled=False, url_env="")
+    for n, spark in enumerate(SPARKS * 2):
+        broker = off if n % 4 == 3 else None
+        team = ["", f"team {HOSTILE}"][n % 2]
+        channel = make_channel(
+            broker, name=f"{n} {HOSTILE}", slug=f"ch-{n}_X", address=f"q{n}", owner_team=team
+        )
+        if n == 5:
+            continue  # never polled
+        start = (now - dt.timedelta(hours=1)).timestamp()
+        ChannelHealth.objects.create(
+            channel=channel,
+            state=HealthState.values[n % len(HealthState.values)],
+            updated_at=now - dt.timedelta(seconds=[5, 5000][n % 3 == 2]),
+            last_sample_at=None if n % 5 == 4 else now - dt.timedelta(seconds=n * 7.3),
+            evidence=[] if n % 3 == 0 else [f"said {HOSTILE}", "more"],
+            dlq_flags=[["dlq-nonempty"], [], ["poison-nonempty", "unknown-flag"]][n % 3],
+            backlog=[None, 0, 12345678][n % 3],
+            in_flight=[None, 2][n % 2],
+            consumers=[None, 0, 4][n % 3],
+            active_consumers=[None, 3][n % 2],
+            oldest_age_s=[None, 12.5, None, 86400 * 3][n % 4],
+            lag_s=[None, 150.0, 0.4][n % 3],
+            dlq_depth=[None, 7][n % 2],
+            dlq_unresolved=[None, 0, 2][n % 3],
+            poison_unresolved=[0, 5][n % 2],
+            drain_rate=[None, 0.0, 3.0][n % 3],
+            eta_s=[None, 7200.0][n % 2],
+            spark=[[start + t, v] for t, v in spark],
+        )
+    rows = board_rows(conditions_for(), now)  # from tuples (``dashboard.board_data``)
+    assert len(rows) == 2 * len(SPARKS) and any(r.stale for r in rows)
+    # The partial renders each row as made from model instances, as the board did.
+    channels = Channel.objects.select_related("broker", "health").in_bulk()
+    model_rows = [make_row(channels[row.channel.pk], now) for row in rows]
+    partial = Template(TEMPLATE_ROW)
+    for row, model_row in zip(rows, model_rows, strict=True):
+        for oob in (False, True):
+            expected = partial.render(Context({"row": model_row, "oob": oob}))
+            assert str(row_html(row, oob)) == expected
+    assert rows_html(rows) == "".join(partial.render(Context({"row": r})) for r in model_rows)

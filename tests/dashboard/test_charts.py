@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 from django.utils import timezone
+from django.utils.safestring import mark_safe
 
 from alerts.models import Alert
 from channels_registry.charts import Line, line_chart
@@ -60,3 +61,38 @@ def test_channel_page_marks_groups_plans_and_alerts_on_the_charts(oncall: Any) -
     assert 'class="mark mark-plan"' in html and "discard plan #" in html
     assert "alert fired: DLQ depth 4 &gt; 3" in html
     assert html.count('<rect class="hit"') >= 6 * 3
+
+
+@pytest.mark.parametrize(
+    "series",
+    [[], [(0.0, None)], [(30.0, 5.0)], [(0.0, 0.0), (60.0, 0.0)],
+     [(0.0, 3.0), (10.0, None), (20.0, 4.0), (30.0, 7.5)], [(0.0, -3.0), (60.0, 1e12)],
+     [(float(t), (t * 37) % 11 * 1234.5) for t in range(0, 3600, 60)]],
+)  # fmt: skip
+def test_sparkline_is_the_svg_format_html_built(series: list[Any]) -> None:
+    """The board's sparkline is built with f-strings (drawn for every row): the same SVG as
+    ``format_html`` built, every number and the label escaped alike."""
+    from django.utils.html import format_html
+
+    from channels_registry.charts import _segments, sparkline
+
+    known = [v for _, v in series if v is not None]
+    if not known:
+        expected = format_html(
+            '<svg class="spark spark-empty" width="{}" height="{}" role="img" aria-label="no'
+            ' data"><line x1="0" y1="{}" x2="{}" y2="{}"/></svg>', 140, 32, 31, 140, 31
+        )  # fmt: skip
+    else:
+        parts = []
+        for seg in _segments(series, 0.0, 3600.0, max(known), 140, 32):
+            if " " in seg:
+                parts.append(format_html('<polyline points="{}"/>', seg))
+            else:
+                parts.append(format_html('<circle cx="{}" cy="{}" r="1.5"/>', *seg.split(",")))
+        text = f"backlog, last hour: max {max(known):,.0f}, now {known[-1]:,.0f}"
+        expected = format_html(
+            '<svg class="spark" width="{}" height="{}" viewBox="0 0 {} {}" role="img"'
+            ' aria-label="{}"><title>{}</title>{}</svg>',
+            140, 32, 140, 32, text, text, mark_safe("".join(parts)),
+        )  # fmt: skip
+    assert str(sparkline(series, 0.0, 3600.0)) == str(expected)
