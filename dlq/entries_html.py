@@ -32,7 +32,7 @@ def truncate(text: str, length: int) -> str:
     return text[: length - 1] + "…" if len(text) > length else text
 
 
-def _clip(value: Any, length: int) -> str:
+def clipped(value: Any, length: int) -> str:
     """``value|visible|truncatechars:length``, escaped."""
     return escape(truncate(visible(value or ""), length))
 
@@ -68,23 +68,23 @@ def _type_cell(entry: Any, channel_param: str) -> str:
     if not entry.message_type:
         return "<td>—</td>"
     href = f"?{channel_param}type={escape(urlencode(entry.message_type))}"
-    return f'<td><a href="{href}"><code>{_clip(entry.message_type, 60)}</code></a></td>'
+    return f'<td><a href="{href}"><code>{clipped(entry.message_type, 60)}</code></a></td>'
 
 
 def _error_cell(entry: Any) -> str:
     reason = visible(entry.reason or "")
     cell = escape(reason or "—")
     if entry.error_class:
-        cell += f" · <code>{_clip(entry.error_class, 80)}</code>"
+        cell += f" · <code>{clipped(entry.error_class, 80)}</code>"
     if entry.error_message:
-        cell += f'<div class="sub dlq-clip">{_clip(entry.error_message, 140)}</div>'
+        cell += f'<div class="sub dlq-clip">{clipped(entry.error_message, 140)}</div>'
     return f"<td>{cell}</td>"
 
 
 def _key_cell(entry: Any) -> str:
     if entry.missing_idempotency_key:
         return '<td><span class="badge badge-error">missing</span></td>'
-    return f"<td><code>{_clip(entry.idempotency_key, 40)}</code></td>"
+    return f"<td><code>{clipped(entry.idempotency_key, 40)}</code></td>"
 
 
 def _row(entry: Any, warn: bool, detail: str, channel_param: str, can_bulk: bool) -> str:

@@ -1,7 +1,7 @@
 """The failure groups page's rows as HTML (up to ``GROUPS_SHOWN`` per page), built in Python
 for the reason ``dashboard.html`` gives: through the template engine, 200 rows cost more than
 every query of the page. Each value is escaped as the template escaped it; broker-supplied text
-(the sample's error message) is already passed through ``visible`` by the view."""
+goes through ``visible`` first (the sample's error message in the view, the rest here)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ from django.utils.safestring import SafeString, mark_safe
 
 from dashboard.html import ChannelLinks, escape
 from dashboard.templatetags.dlo_time import when
-from dlq.entries_html import truncate
+from dlq.entries_html import clipped
+from dlq.render import visible
 
 ARROWS = {"up": "▲", "down": "▼"}
 
@@ -43,15 +44,18 @@ GROUP_FIELDS = (
 
 
 def _group_cells(group: Group, entries: str) -> str:
-    kind = f"<code>{escape(group.message_type)}</code> · " if group.message_type else ""
+    """Reason, error class, message type and error come from the broker's dead letters: like
+    the entry list, control and direction-changing characters are shown as markers."""
+    kind = f"<code>{escape(visible(group.message_type))}</code> · " if group.message_type else ""
     error = (
-        f'<div class="sub dlq-clip">{escape(truncate(group.normalized_error, 160))}</div>'
+        f'<div class="sub dlq-clip">{clipped(group.normalized_error, 160)}</div>'
         if group.normalized_error
         else ""
     )
+    error_class = visible(group.error_class or "(no error class)")
     return (
-        f"      <td>{kind}{escape(group.reason or '—')}</td>\n"
-        f'      <td><a href="{entries}"><code>{escape(group.error_class or "(no error class)")}'
+        f"      <td>{kind}{escape(visible(group.reason or '—'))}</td>\n"
+        f'      <td><a href="{entries}"><code>{escape(error_class)}'
         f"</code></a>{error}</td>\n"
         f'      <td class="num"><a href="{entries}" aria-label="{group.open_count} open of'
         f' {group.total}"><strong>{group.open_count}</strong></a> / <a href="{entries}">'

@@ -21,12 +21,13 @@ pytestmark = pytest.mark.django_db
 
 HOSTILE = "<script>alert('x')</script>&\"\u202e\x07 e\u0301\u0301\u0301"
 
-#: The row loop as ``templates/dlq/group_list.html`` had it before the rows moved to Python.
-TEMPLATE_ROWS = """{% load dlo_time %}  {% for r in rows %}
+#: The row loop as ``templates/dlq/group_list.html`` had it before the rows moved to Python,
+#: with the broker's text through ``visible`` as the entry list shows it.
+TEMPLATE_ROWS = """{% load dlo_time dlq_text %}  {% for r in rows %}
     <tr>
       <td><a href="{% url 'channel_detail' r.group.channel.slug %}">{{ r.group.channel.slug }}</a></td>
-      <td>{% if r.group.message_type %}<code>{{ r.group.message_type }}</code> · {% endif %}{{ r.group.reason|default:"—" }}</td>
-      <td><a href="{% url 'dlq:entry_list' %}?group={{ r.group.pk }}"><code>{{ r.group.error_class|default:"(no error class)" }}</code></a>{% if r.group.normalized_error %}<div class="sub dlq-clip">{{ r.group.normalized_error|truncatechars:160 }}</div>{% endif %}</td>
+      <td>{% if r.group.message_type %}<code>{{ r.group.message_type|visible }}</code> · {% endif %}{{ r.group.reason|default:"—"|visible }}</td>
+      <td><a href="{% url 'dlq:entry_list' %}?group={{ r.group.pk }}"><code>{{ r.group.error_class|default:"(no error class)"|visible }}</code></a>{% if r.group.normalized_error %}<div class="sub dlq-clip">{{ r.group.normalized_error|visible|truncatechars:160 }}</div>{% endif %}</td>
       <td class="num"><a href="{% url 'dlq:entry_list' %}?group={{ r.group.pk }}" aria-label="{{ r.group.open_count }} open of {{ r.group.count }}"><strong>{{ r.group.open_count }}</strong></a> / <a href="{% url 'dlq:entry_list' %}?group={{ r.group.pk }}">{{ r.group.count }}</a></td>
       <td class="num"><span class="trend trend-{{ r.trend }}" title="previous 24 h: {{ r.previous }}">{{ r.recent }} {% if r.trend == "up" %}▲{% elif r.trend == "down" %}▼{% else %}={% endif %} {{ r.previous }}</span></td>
       <td>{{ r.group.first_seen|when }}</td>
@@ -82,4 +83,5 @@ def test_rows_are_the_templates_rows_byte_for_byte() -> None:
     expected = Template(TEMPLATE_ROWS).render(Context({"rows": template_rows}))
     html = group_rows_html(rows)
     assert "<script>" not in html and "&lt;script&gt;alert(&#x27;x&#x27;)" in html
+    assert "\u202e" not in html and "\x07" not in html and "⟨U+202E⟩" in html and "␇" in html
     assert "  " + html + "\n" == expected
