@@ -241,19 +241,26 @@ def _audit(plan: ReplayPlan, verb: str, actor: Actor, after: dict[str, Any]) -> 
     )
 
 
-def chunk_mismatches(plan: ReplayPlan) -> list[str]:
-    """Where the plan's items disagree with its chunks' request events: a missing, extra or
-    moved item, or positions no event covers (empty when they agree)."""
-    events = AuditEvent.objects.filter(
+def _plan_events(plan: ReplayPlan, *verbs: str) -> QuerySet[AuditEvent]:
+    """The plan's own ``dlq.<kind>.<verb>`` audit events."""
+    return AuditEvent.objects.filter(
         target_type=ReplayPlan._meta.label_lower,
         target_id=str(plan.pk),
-        action=f"dlq.{plan.kind}.request",
+        action__in=[f"dlq.{plan.kind}.{verb}" for verb in verbs],
     )
+
+
+def chunk_mismatches(plan: ReplayPlan) -> list[str] | None:
+    """Where the plan's items disagree with its chunks' request events: a missing, extra or
+    moved item, or positions no event covers (empty when they agree). None when the plan has
+    no chunk events to compare with (a discard plan, or one frozen before they existed)."""
     chunks = sorted(
         (after["first_position"], after["last_position"], after["ids_sha256"])
-        for after in events.values_list("after", flat=True)
-        if after is not None
+        for after in _plan_events(plan, "request").values_list("after", flat=True)
+        if after is not None and "ids_sha256" in after
     )
+    if not chunks:
+        return None
     problems, covered = [], 0
     for first, last, digest in chunks:
         ids = plan.items.filter(position__gte=first, position__lte=last).order_by("position")
@@ -339,24 +346,23 @@ def frozen_ids(plan: ReplayPlan) -> FrozenIds:
 def altered_items(plan: ReplayPlan) -> str:
     """Why the plan's items are not what its audit trail committed to (the ids' digest of its
     ``frozen`` event, or of its ``plan`` event when it was frozen in the request), or "". The
-    relay checks this before a plan's first batch: what it sends is what was confirmed."""
-    events = AuditEvent.objects.filter(
-        target_type=ReplayPlan._meta.label_lower,
-        target_id=str(plan.pk),
-        action__in=[f"dlq.{plan.kind}.frozen", f"dlq.{plan.kind}.plan"],
-    )
-    audited = {action: (after or {}).get("ids_sha256") for action, after in
-               events.values_list("action", "after")}  # fmt: skip
-    digest = audited.get(f"dlq.{plan.kind}.frozen") or audited.get(f"dlq.{plan.kind}.plan")
+    relay checks this before a plan's first batch: what it sends is what was confirmed. The
+    reason names the first chunk that differs when the plan has chunk events."""
+    audited = dict(_plan_events(plan, "frozen", "plan").values_list("action", "after"))
+    digest = (audited.get(f"dlq.{plan.kind}.frozen") or {}).get("ids_sha256") or (
+        audited.get(f"dlq.{plan.kind}.plan") or {}
+    ).get("ids_sha256")
+    redo = "nothing was sent; cancel the plan and plan the replay again"
     if not digest:
-        return "the plan's items cannot be checked: its audit trail has no digest of them"
+        return f"the plan's items cannot be checked (its audit trail has no digest of them): {redo}"
     frozen = frozen_ids(plan)
-    if frozen.digest != digest:
-        return (
-            f"the plan's {frozen.count:,} items differ from the entries its audit trail "
-            "recorded when it was frozen: nothing was sent"
-        )
-    return ""
+    if frozen.digest == digest:
+        return ""
+    where = (chunk_mismatches(plan) or [""])[0]
+    return (
+        f"the plan's {frozen.count:,} items differ from the entries its audit trail recorded "
+        f"when it was frozen{f' ({where})' if where else ''}: {redo}"
+    )
 
 
 def _close(plan: ReplayPlan, owner: str | None) -> bool:

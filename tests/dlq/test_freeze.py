@@ -115,16 +115,24 @@ def test_the_chunk_requests_give_away_an_item_changed_after_the_freeze(oncall: U
     entries = _entries(10)
     plan = _create(oncall)
     freeze.run_freeze(plan.pk)
-    assert freeze.chunk_mismatches(plan) == []
+    assert freeze.chunk_mismatches(plan) == [] and freeze.altered_items(plan) == ""
     other = store(plan.channel, letter())[0]
     # Someone with write access swaps an entry of the second chunk, then drops the last item.
     ReplayItem.objects.filter(plan=plan, position=4).update(entry_id=other.pk)
     assert freeze.chunk_mismatches(plan) == ["positions 3-5: the items differ from the request"]
+    reason = freeze.altered_items(plan)
+    assert "recorded when it was frozen (positions 3-5: the items differ" in reason
+    assert reason.endswith("cancel the plan and plan the replay again")
     ReplayItem.objects.filter(plan=plan, position=4).update(entry_id=_replay_order(entries)[4])
     ReplayItem.objects.filter(plan=plan, position=9).delete()
     assert freeze.chunk_mismatches(plan) == ["positions 9-9: the items differ from the request"]
     ReplayItem.objects.create(plan=plan, entry=other, position=10)  # one no request covers
     assert freeze.chunk_mismatches(plan)[-1] == "the items from position 10 on are in no request"
+    # A discard plan writes no chunk requests: nothing to compare with, not "all differ".
+    _entries(4, channel=make_channel(slug="payments", name="Payments", address="payments"))
+    discard = _create(oncall, kind="discard", channel="payments")
+    freeze.run_freeze(discard.pk)
+    assert freeze.chunk_mismatches(discard) is None
 
 
 @SMALL
