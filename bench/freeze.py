@@ -14,8 +14,8 @@
    latency (p50/p99/max) before and during the freeze, and how many lock waits of 100 ms or
    more PostgreSQL logged in the bench database (``log_lock_waits`` with a 100 ms
    ``deadlock_timeout``, set on that database; read from ``BENCH_PG_LOG``, by default
-   Debian's server log). Targets (issue 13): 1M entries frozen in < 60 s with bounded memory;
-   the other writer never waits > 100 ms for the freeze.
+   Debian's log of the server's major version). Targets (issue 13): 1M entries frozen in
+   < 60 s with bounded memory; the other writer never waits > 100 ms for the freeze.
 
 ``BENCH_FREEZE_MODE=one-transaction`` freezes the same work in ONE transaction instead (the
 pre-chunking shape, for comparison). ``BENCH_CHUNK`` sets ``DLO_FREEZE_CHUNK``. The database is
@@ -39,7 +39,8 @@ PG_ADMIN = os.environ.get("BENCH_PG_ADMIN_URL", "postgres://postgres@127.0.0.1:5
 ROWS = int(os.environ.get("BENCH_ROWS", "1000000"))
 MODE = os.environ.get("BENCH_FREEZE_MODE", "chunked")
 RUN = os.environ.get("BENCH_RUN", uuid.uuid4().hex[:8])
-PG_LOG = os.environ.get("BENCH_PG_LOG", "/var/log/postgresql/postgresql-15-main.log")
+#: The server's log (Debian's path for the server's major version unless ``BENCH_PG_LOG``).
+PG_LOG = os.environ.get("BENCH_PG_LOG", "")
 DB = f"bench_freeze_{RUN}"
 SLUG = f"bench-freeze-{RUN}"
 ADDRESS = f"bench.freeze.{RUN}"
@@ -269,9 +270,17 @@ def _sealed_after(deadline_s: float = 600) -> float:
     return float("nan")
 
 
+def _log_path() -> str:
+    if PG_LOG:
+        return PG_LOG
+    with _pg() as conn:
+        [(version,)] = conn.execute("SHOW server_version_num").fetchall()
+    return f"/var/log/postgresql/postgresql-{int(version) // 10000}-main.log"
+
+
 def _log_size() -> int | None:
     try:
-        return os.path.getsize(PG_LOG)
+        return os.path.getsize(_log_path())
     except OSError:
         return None
 
@@ -279,8 +288,8 @@ def _log_size() -> int | None:
 def _lock_waits(since: int | None) -> str:
     """Lock waits of 100 ms or more PostgreSQL logged for the bench database since ``since``."""
     if since is None:
-        return f"not counted ({PG_LOG} is not readable; set BENCH_PG_LOG)"
-    with open(PG_LOG, "rb") as log:
+        return f"not counted ({_log_path()} is not readable; set BENCH_PG_LOG)"
+    with open(_log_path(), "rb") as log:
         log.seek(since)
         lines = log.read().decode(errors="replace").splitlines()
     waits = [line for line in lines if f"@{DB} " in line and "still waiting for" in line]
