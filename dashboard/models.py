@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import hashlib
 import secrets
+import string
 
 from django.conf import settings
 from django.db import models
+
+PREFIX_ALPHABET = string.ascii_letters + string.digits
 
 
 def hash_token(raw: str) -> str:
@@ -33,7 +36,10 @@ class ApiToken(models.Model):
 
     @classmethod
     def issue(cls, user: object, name: str) -> tuple[ApiToken, str]:
-        raw = "dlo_" + secrets.token_urlsafe(32)
+        # The prefix is what a person types to revoke the token, so it is letters and digits
+        # only: a prefix starting with "-" would be read as an option by the command line.
+        prefix = "".join(secrets.choice(PREFIX_ALPHABET) for _ in range(8))
+        raw = "dlo_" + prefix + secrets.token_urlsafe(32)
         token = cls.objects.create(
             user=user, name=name, prefix=raw[4:12], token_hash=hash_token(raw)
         )

@@ -20,7 +20,11 @@ class Command(BaseCommand):
         create.add_argument("username")
         create.add_argument("name")
         revoke = sub.add_parser("revoke")
-        revoke.add_argument("prefix")
+        revoke.add_argument(
+            "prefix",
+            help="the 8 characters after dlo_; for an older token whose prefix "
+            'starts with "-", put -- before it',
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         actor = Actor.system("apitoken-command")
