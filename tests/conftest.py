@@ -26,6 +26,11 @@ def pytest_configure(config: pytest.Config) -> None:
     # Seal each audit event in its recording transaction, so ``record`` returns it numbered
     # (tests of the sealer itself switch to "thread" or "off").
     settings.DLO_AUDIT_SEALER = "inline"
+    # Tasks run in-process whatever the shell exports: a CELERY_BROKER_URL left over from a
+    # worker or a benchmark sent them to Redis, where nothing ran them, and tests that wait
+    # for a task's result failed.
+    settings.CELERY_BROKER_URL = ""
+    settings.CELERY_TASK_ALWAYS_EAGER = True
     settings.PASSWORD_HASHERS = [
         "django.contrib.auth.hashers.MD5PasswordHasher",
         # For users a separate server process (browser journeys) must verify.
