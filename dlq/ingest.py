@@ -51,7 +51,7 @@ from dlq.ingest_build import (  # noqa: F401 - re-exported: bench/triage.py buil
     search_text,
 )
 from dlq.models import DeadLetter, DeadLetterKey, FailureGroup, Source
-from dlq.relay import link_replayed_parents
+from dlq.relay_publish import link_replayed_parents
 
 log = logging.getLogger(__name__)
 

@@ -68,8 +68,9 @@ def resume_replay_plans_task() -> int:
     from django.conf import settings
 
     from dlq import relay
+    from dlq.relay_items import orphaned_plans
 
-    ids = relay.orphaned_plans()
+    ids = orphaned_plans()
     for plan_id in ids:
         if settings.CELERY_TASK_ALWAYS_EAGER:
             relay.run_plan(plan_id, max_seconds=10.0)  # the scheduler thread, bounded

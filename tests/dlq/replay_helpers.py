@@ -17,7 +17,7 @@ from brokers.base import (
     Publisher,
 )
 from brokers.base import PublishOutcome as Outcome
-from dlq import freeze, ingest, relay
+from dlq import freeze, ingest, relay, relay_outcomes
 from dlq.actions import do_create_plan
 from dlq.filters import EntryFilter
 from dlq.models import DeadLetter, PlanStatus, ReplayPlan
@@ -86,14 +86,14 @@ class RecordingAdapter(BrokerAdapter):
 def publisher(monkeypatch: pytest.MonkeyPatch) -> Iterator[RecordingAdapter]:
     adapter = RecordingAdapter()
     monkeypatch.setattr(ingest, "adapter_for", lambda channel: adapter)
-    monkeypatch.setattr(relay, "backoff", lambda attempt: 0.0)
-    record_outcomes = relay._record_outcomes
+    monkeypatch.setattr(relay_outcomes, "backoff", lambda attempt: 0.0)
+    record_outcomes = relay.record_outcomes
 
     def hooked(*args: Any, **kwargs: Any) -> tuple[int, int]:
         adapter.run_hooks()
         return record_outcomes(*args, **kwargs)
 
-    monkeypatch.setattr(relay, "_record_outcomes", hooked)
+    monkeypatch.setattr(relay, "record_outcomes", hooked)
     yield adapter
 
 

@@ -19,6 +19,7 @@ from dlq import freeze, relay
 from dlq.actions import PlanRefused, do_approve_plan, do_cancel_plan, do_pause_plan, do_resume_plan
 from dlq.models import DeadLetter, ItemStatus, PlanStatus, ReplayItem, ReplayPlan, Status
 from dlq.preview import Selection, build_preview, ids_digest
+from dlq.relay_items import orphaned_plans
 from dlq.views import entry_history
 from tests.conftest import client_for, make_channel, make_user
 from tests.dlq import replay_helpers
@@ -389,7 +390,7 @@ def test_pause_stops_and_resume_continues(
     entries = _entries(3)
     plan = plan_for(entries, oncall, velocity=1000.0)
     ReplayPlan.objects.filter(pk=plan.pk).update(velocity=1.0)  # one item per batch
-    take_batch = relay._take_batch
+    take_batch = relay.take_batch
 
     def pause_while_the_first_batch_is_out(*args: Any, **kwargs: Any) -> list[ReplayItem]:
         items = take_batch(*args, **kwargs)
@@ -397,10 +398,10 @@ def test_pause_stops_and_resume_continues(
             do_pause_plan(plan.pk, actor=Actor.for_user(oncall), reason="look")
         return items
 
-    monkeypatch.setattr(relay, "_take_batch", pause_while_the_first_batch_is_out)
+    monkeypatch.setattr(relay, "take_batch", pause_while_the_first_batch_is_out)
     result = relay.run_plan(plan.pk)
     assert result.status == PlanStatus.PAUSED and len(publisher.sent) == 1
-    monkeypatch.setattr(relay, "_take_batch", take_batch)
+    monkeypatch.setattr(relay, "take_batch", take_batch)
     do_resume_plan(plan.pk, actor=Actor.for_user(oncall))
     ReplayPlan.objects.filter(pk=plan.pk).update(velocity=None)
     assert relay.run_plan(plan.pk).status == PlanStatus.DONE
@@ -502,10 +503,10 @@ def test_the_periodic_relay_picks_up_orphaned_plans(
     from dlq.tasks import resume_replay_plans_task
 
     plan = plan_for(_entries(2), oncall)
-    assert relay.orphaned_plans() == [plan.pk]
+    assert orphaned_plans() == [plan.pk]
     assert resume_replay_plans_task() == 1
     assert ReplayPlan.objects.get().status == PlanStatus.DONE
-    assert relay.orphaned_plans() == []
+    assert orphaned_plans() == []
 
 
 # -- helpers -------------------------------------------------------------------------------
@@ -559,7 +560,7 @@ def test_a_broker_url_variable_unset_on_the_worker_pauses_the_plan_with_the_reas
         "DLO_BROKER_RABBITMQ_URL"
         in client_for(oncall).get(plan.get_absolute_url()).content.decode()
     )
-    assert relay.orphaned_plans() == []
+    assert orphaned_plans() == []
 
 
 def test_a_replay_id_header_in_other_case_still_links_the_parent(oncall: User) -> None:

@@ -16,7 +16,7 @@ from django.contrib.auth.models import User
 from alerts.metrics import render_metrics
 from audit.models import AuditEvent
 from channels_registry.models import BrokerKind
-from dlq import relay
+from dlq import relay, relay_outcomes
 from dlq.models import DeadLetter, ItemStatus, PlanStatus, ReplayItem, Status
 from tests.conftest import broker_required, make_broker, make_channel
 from tests.dlq.conftest import letter, store
@@ -40,7 +40,7 @@ def rabbit(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[pika.BlockingConne
     ch = connection.channel()
     ch.queue_declare(queue, durable=True)
     ch.queue_declare(f"{queue}.evil", durable=True)
-    monkeypatch.setattr(relay, "backoff", lambda attempt: 0.0)
+    monkeypatch.setattr(relay_outcomes, "backoff", lambda attempt: 0.0)
     yield connection, queue
     ch = connection.channel()
     ch.queue_delete(queue)
@@ -215,7 +215,7 @@ def test_a_broker_that_is_down_pauses_the_plan_and_spends_no_attempt(
     oncall: User, monkeypatch: Any
 ) -> None:
     monkeypatch.setenv("DLO_BROKER_TEST_REPLAY_AMQP", "amqp://guest:guest@127.0.0.1:1/%2F")
-    monkeypatch.setattr(relay, "backoff", lambda attempt: 30.0)
+    monkeypatch.setattr(relay_outcomes, "backoff", lambda attempt: 30.0)
     channel = _rabbit_channel("nowhere")
     entries = store(channel, letter())
     plan = plan_for(entries, oncall)

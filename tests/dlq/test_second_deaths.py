@@ -24,8 +24,9 @@ from brokers.nats_jetstream import ADVISORY_STREAM, NatsDrainSession
 from brokers.rabbitmq import RabbitMQDrainSession
 from brokers.redis_streams import RedisDrainSession
 from channels_registry.models import BrokerKind, Channel
-from dlq import ingest, relay
+from dlq import ingest, relay, relay_outcomes
 from dlq.models import DeadLetter, PlanStatus
+from dlq.relay_states import canary_recurrences
 from tests.conftest import broker_required, make_broker, make_channel
 from tests.dlq.replay_helpers import plan_for
 
@@ -254,7 +255,7 @@ RIGS: dict[str, tuple[type[Rig], type[Any]]] = {
 
 @pytest.fixture(params=sorted(RIGS))
 def rig(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[Rig]:
-    monkeypatch.setattr(relay, "backoff", lambda attempt: 0.0)
+    monkeypatch.setattr(relay_outcomes, "backoff", lambda attempt: 0.0)
     made = RIGS[request.param][0](monkeypatch)
     made.kind = request.param  # type: ignore[attr-defined]
     try:
@@ -299,7 +300,7 @@ def test_a_replayed_message_that_dies_again_is_a_new_child_entry(
     assert children.count() == COUNT, "every second death is a new entry"
     assert {c.parent_id for c in children} == {p.pk for p in parents}
     assert {c.generation for c in children} == {1}
-    assert relay.canary_recurrences(plan) == COUNT
+    assert canary_recurrences(plan) == COUNT
 
     # The broker redelivers the unacknowledged second deaths: the same deaths, deduplicated.
     again = _ingest_until(rig.channel, COUNT)
