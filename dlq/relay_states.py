@@ -6,6 +6,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import time
+from typing import Any
 
 from django.db import transaction
 from django.db.models import F, Q
@@ -13,6 +14,7 @@ from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from audit.actions import Actor, record
+from audit.models import Outcome
 from audit.sealer import request_checkpoint
 from dlq.models import DeadLetter, ItemStatus, PlanStatus, ReplayItem, ReplayPlan
 from dlq.replay_models import RUNNABLE
@@ -21,6 +23,20 @@ log = logging.getLogger(__name__)
 
 
 CANARY_INGEST_BATCHES = 5
+
+
+def _audit(
+    plan: ReplayPlan,
+    action: str,
+    actor: Actor,
+    after: dict[str, Any],
+    reason: str = "",
+    *,
+    failed: bool = False,
+) -> None:
+    """One audited change of ``plan``'s state, inside the caller's transaction."""
+    record(action, actor=actor, target=plan, channel_slug=plan.channel.slug, reason=reason[:1000],
+           after=after, outcome=Outcome.FAILED if failed else Outcome.SUCCESS)  # fmt: skip
 
 
 def start_plan(plan: ReplayPlan) -> None:
@@ -46,15 +62,8 @@ def enter_waiting(plan: ReplayPlan, reason: str, actor: Actor) -> bool:
         plan.refresh_from_db()
         if changed:
             log.warning("replay plan %s waits for its broker: %s", plan.pk, note)
-            record(
-                f"dlq.{plan.kind}.broker_unreachable",
-                actor=actor,
-                target=plan,
-                channel_slug=plan.channel.slug,
-                reason=note[:1000],
-                after={"status": PlanStatus.WAITING, "outage": plan.outages},
-                outcome="failed",
-            )
+            after = {"status": PlanStatus.WAITING, "outage": plan.outages}
+            _audit(plan, f"dlq.{plan.kind}.broker_unreachable", actor, after, note, failed=True)
     return plan.status == PlanStatus.WAITING
 
 
@@ -68,13 +77,8 @@ def leave_waiting(plan: ReplayPlan, actor: Actor) -> bool:
         if changed:
             waited = (now - plan.waiting_since).total_seconds() if plan.waiting_since else None
             log.warning("replay plan %s: the broker answers again, resuming", plan.pk)
-            record(
-                f"dlq.{plan.kind}.broker_back",
-                actor=actor,
-                target=plan,
-                channel_slug=plan.channel.slug,
-                after={"status": PlanStatus.RUNNING, "waited_s": waited, "outage": plan.outages},
-            )
+            after = {"status": PlanStatus.RUNNING, "waited_s": waited, "outage": plan.outages}
+            _audit(plan, f"dlq.{plan.kind}.broker_back", actor, after)
         plan.refresh_from_db()
     return bool(changed)
 
@@ -93,15 +97,8 @@ def pause(plan: ReplayPlan, note: str, actor: Actor) -> None:
             status=PlanStatus.PAUSED, status_note=note[:1000]
         )
         if paused:
-            record(
-                f"dlq.{plan.kind}.pause",
-                actor=actor,
-                target=plan,
-                channel_slug=plan.channel.slug,
-                reason=note[:1000],
-                after={"status": PlanStatus.PAUSED},
-                outcome="failed",
-            )
+            _audit(plan, f"dlq.{plan.kind}.pause", actor, {"status": PlanStatus.PAUSED}, note,
+                   failed=True)  # fmt: skip
 
 
 def finish(plan: ReplayPlan, actor: Actor) -> None:
@@ -117,12 +114,11 @@ def finish(plan: ReplayPlan, actor: Actor) -> None:
         )
         if done:
             plan.refresh_from_db()
-            record(
+            _audit(
+                plan,
                 f"dlq.{plan.kind}.finished",
-                actor=actor,
-                target=plan,
-                channel_slug=plan.channel.slug,
-                after={
+                actor,
+                {
                     "status": status,
                     "total": plan.total,
                     "confirmed": plan.confirmed,
@@ -134,7 +130,7 @@ def finish(plan: ReplayPlan, actor: Actor) -> None:
                     "maybe_twice": plan.maybe_twice,
                     "outages": plan.outages,
                 },
-                outcome="failed" if plan.failed else "success",
+                failed=bool(plan.failed),
             )
             request_checkpoint()  # a burst ended: anchor it now, not at the next minute
 
@@ -174,6 +170,7 @@ def canary_check(plan: ReplayPlan, deadline: float) -> bool:
     if plan.channel.has_dlq:
         do_ingest_channel(plan.channel_id, max_batches=CANARY_INGEST_BATCHES)
     recurred = canary_recurrences(plan)
+    relay = Actor.system("replay-relay")
     with transaction.atomic():
         if recurred:
             changed = ReplayPlan.objects.filter(pk=plan.pk, status=PlanStatus.RUNNING).update(
@@ -181,24 +178,13 @@ def canary_check(plan: ReplayPlan, deadline: float) -> bool:
                 status_note=f"canary: {recurred} message(s) dead-lettered again",
             )
             if changed:
-                record(
-                    "dlq.replay.halted",
-                    actor=Actor.system("replay-relay"),
-                    target=plan,
-                    channel_slug=plan.channel.slug,
-                    reason="canary: the failure recurred",
-                    after={"recurred": recurred, "canary_size": plan.canary_size},
-                    outcome="failed",
-                )
+                halted = {"recurred": recurred, "canary_size": plan.canary_size}
+                _audit(plan, "dlq.replay.halted", relay, halted, "canary: the failure recurred",
+                       failed=True)  # fmt: skip
             return False
         ReplayPlan.objects.filter(pk=plan.pk).update(canary_passed_at=timezone.now())
-        record(
-            "dlq.replay.canary_passed",
-            actor=Actor.system("replay-relay"),
-            target=plan,
-            channel_slug=plan.channel.slug,
-            after={"canary_size": plan.canary_size, "wait_s": plan.canary_wait_s},
-        )
+        after = {"canary_size": plan.canary_size, "wait_s": plan.canary_wait_s}
+        _audit(plan, "dlq.replay.canary_passed", relay, after)
     return True
 
 
