@@ -11,6 +11,8 @@ demo), in a fresh PostgreSQL database. ``BENCH_CHANNELS``, ``BENCH_ENTRIES``,
 2. Each page is requested ``BENCH_REQUESTS`` times (after two warm-ups) with Django's test
    ``Client`` in-process, as a user with the oncall and compliance roles; the time around
    ``client.get`` is the server time (middleware, queries, templates), without a network.
+   Before the first request the heap is settled as the ASGI server does at start-up
+   (``dashboard.startup.settle_heap``); ``BENCH_SETTLE_HEAP=0`` leaves it as it is, to compare.
 3. Report p50 / p95 / max per page, the number of queries of one request and the 1-minute load
    average while it ran; ``uptime`` before and after (other work on the machine distorts the
    figures: quote them with it).
@@ -191,7 +193,14 @@ def main() -> None:
             from bench.pages_data import make_data
 
             make_data()
-        measure(bench_targets())
+        targets = bench_targets()
+        if os.environ.get("BENCH_SETTLE_HEAP", "1") == "1":
+            from dashboard.startup import settle_heap
+
+            print(f"heap: settled as at the server's start-up, {settle_heap():,} objects frozen")
+        else:
+            print("heap: not settled (BENCH_SETTLE_HEAP=0)")
+        measure(targets)
     finally:
         if not REUSE:
             drop_database()

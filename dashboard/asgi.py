@@ -15,6 +15,7 @@ from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from dashboard.body_limit import BodyLimitMiddleware, install_daphne_limit  # noqa: E402
 from dashboard.origin import ExactOriginValidator  # noqa: E402
 from dashboard.routing import websocket_urlpatterns  # noqa: E402
+from dashboard.startup import settle_heap  # noqa: E402
 
 application = ProtocolTypeRouter(
     {
@@ -24,3 +25,5 @@ application = ProtocolTypeRouter(
 )
 # Daphne (the Dockerfile's server, and runserver) reads bodies before any middleware runs.
 install_daphne_limit()
+# Last: everything the server loads at start-up is out of the collector's way (see startup).
+settle_heap()
