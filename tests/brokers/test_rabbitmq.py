@@ -93,13 +93,22 @@ def rabbit_policy(rabbit_api: httpx.Client) -> Iterator[Callable[[str, dict[str,
 
 
 def rabbit_publish(
-    conn: pika.BlockingConnection, queue: str, bodies: list[bytes], **props: Any
-) -> None:
+    conn: pika.BlockingConnection,
+    queue: str,
+    bodies: list[bytes],
+    *,
+    keep_open: bool = False,
+    **props: Any,
+) -> Any:
+    """Publish confirmed; returns the channel when ``keep_open`` (the caller closes it)."""
     channel = conn.channel()
     channel.confirm_delivery()
     for body in bodies:
         channel.basic_publish("", queue, body, pika.BasicProperties(delivery_mode=2, **props))
+    if keep_open:
+        return channel
     channel.close()
+    return None
 
 
 def rabbit_dead_letter(conn: pika.BlockingConnection, source: str, count: int) -> None:
@@ -150,7 +159,10 @@ def test_poll_reports_exact_ready_unacked_and_consumers(
     path: str, rabbit_queue: Callable[..., str], rabbit_conn: pika.BlockingConnection
 ) -> None:
     queue = rabbit_queue("poll")
-    rabbit_publish(rabbit_conn, queue, [b"m%d" % i for i in range(5)])
+    # The publishing channel stays open until the stats are read: the management plugin loses a
+    # channel's publish counts when the channel closes before its next stats collection
+    # (rabbitmq-management#353), and ``produced`` then never reaches 5.
+    publisher = rabbit_publish(rabbit_conn, queue, [b"m%d" % i for i in range(5)], keep_open=True)
     consumer = rabbit_conn.channel()
     consumer.basic_qos(prefetch_count=2)
     consumer.basic_consume(queue, lambda *_: None, auto_ack=False)
@@ -166,6 +178,7 @@ def test_poll_reports_exact_ready_unacked_and_consumers(
         # message_stats (the positions) can arrive a refresh after the counts: wait for both.
         expected.update(produced=5, active_consumers=1)
     stats = wait_for_stats(adapter_for(path), address, expected)
+    publisher.close()
 
     if path != "management":
         assert stats.produced is None
