@@ -41,7 +41,6 @@ from django.db import transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
-from alerts.egress import EgressRefused, pinned_target
 from alerts.models import (
     DeliveryAttempt,
     Destination,
@@ -51,6 +50,7 @@ from alerts.models import (
     NotificationStatus,
     Transition,
 )
+from dashboard.egress import EgressRefused, pinned_target
 
 log = logging.getLogger(__name__)
 

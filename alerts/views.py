@@ -11,7 +11,7 @@ from typing import Any
 from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_not_required
-from django.core.exceptions import PermissionDenied, ValidationError
+from django.core.exceptions import ValidationError
 from django.db.models import Q
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseForbidden
 from django.shortcuts import get_object_or_404, redirect, render
@@ -27,6 +27,7 @@ from alerts.access import (
     VIEW_PERMISSION,
     alerts_for_user,
     get_alert_for_user,
+    require_alert_permission,
 )
 from alerts.actions import do_acknowledge_alert, do_create_silence, do_expire_silence
 from alerts.evaluate import firing_count
@@ -143,8 +144,13 @@ def alert_detail(request: HtmxHttpRequest, pk: int) -> HttpResponse:
 @require_POST
 def alert_ack(request: HtmxHttpRequest, pk: int) -> HttpResponse:
     alert = get_alert_for_user(request, pk)
-    if not request.user.has_perm(ACK_PERMISSION):
-        raise PermissionDenied("You need the on-call role to acknowledge alerts.")
+    require_alert_permission(
+        request,
+        ACK_PERMISSION,
+        target_type="alerts.alert",
+        target_repr=f"{alert} (#{alert.pk})",
+        message="You need the on-call role to acknowledge alerts.",
+    )
     try:
         do_acknowledge_alert(
             alert.pk, actor=Actor.from_request(request), note=request.POST.get("note", "")
@@ -158,8 +164,14 @@ def alert_ack(request: HtmxHttpRequest, pk: int) -> HttpResponse:
 
 @require_POST
 def silence_create(request: HtmxHttpRequest) -> HttpResponse:
-    if not request.user.has_perm(SILENCE_PERMISSION):
-        raise PermissionDenied("You need the on-call role to silence alerts.")
+    require_alert_permission(
+        request,
+        SILENCE_PERMISSION,
+        target_type="alerts.silence",
+        target_repr=f"channel {request.POST.get('channel', '')[:100]!r}, "
+        f"rule {request.POST.get('rule', '')[:100]!r}",
+        message="You need the on-call role to silence alerts.",
+    )
     slug = request.POST.get("channel", "").strip()
     channel = get_object_or_404(channels_for_user(request), slug=slug) if slug else None
     rule = request.POST.get("rule", "").strip()
@@ -186,8 +198,13 @@ def silence_create(request: HtmxHttpRequest) -> HttpResponse:
 
 @require_POST
 def silence_expire(request: HtmxHttpRequest, pk: int) -> HttpResponse:
-    if not request.user.has_perm(EXPIRE_PERMISSION):
-        raise PermissionDenied("You need the on-call role to end silences.")
+    require_alert_permission(
+        request,
+        EXPIRE_PERMISSION,
+        target_type="alerts.silence",
+        target_repr=f"silence #{pk}",
+        message="You need the on-call role to end silences.",
+    )
     try:
         do_expire_silence(pk, actor=Actor.from_request(request), reason="ended early")
     except Silence.DoesNotExist:

@@ -8,7 +8,7 @@ from django.http import HttpResponse
 from django.shortcuts import render
 from django.views.decorators.http import require_http_methods
 
-from audit.actions import Actor
+from audit.actions import Actor, do_record_denial
 from channels_registry.declarations import (
     MAX_FILE_BYTES,
     DeclarationFileError,
@@ -44,6 +44,18 @@ def _require_admin(request: HtmxHttpRequest) -> None:
         request.user.has_perm("channels_registry.add_channel")
         and request.user.has_perm("channels_registry.change_channel")
     ):
+        # Audited like every refused action: who tried to rewrite the registry, from where.
+        do_record_denial(
+            "registry.import",
+            actor=Actor.from_request(request),
+            target_type="channels_registry.registry",
+            target_repr="registry declarations",
+            details={
+                "permission": "channels_registry.add_channel+change_channel",
+                "method": request.method,
+                "action": request.POST.get("action", "")[:20] if request.method == "POST" else "",
+            },
+        )
         raise PermissionDenied("Importing declarations needs the registry_admin role.")
 
 

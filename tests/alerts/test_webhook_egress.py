@@ -13,9 +13,9 @@ import pytest
 from django.test import override_settings
 
 from alerts.actions import do_evaluate_alerts
-from alerts.egress import EgressRefused, pinned_target
 from alerts.models import Notification
 from alerts.notify import do_deliver_notifications
+from dashboard.egress import EgressRefused, pinned_target
 from tests.alerts.conftest import Receiver, webhook
 from tests.alerts.test_notify import at, stopped_channels
 
@@ -118,3 +118,31 @@ def test_a_redirect_to_an_internal_host_is_not_followed(bare_receiver: Receiver)
     assert seen == ["/hook"]
     assert bare_receiver.requests == []  # 127.0.0.1 is not allowed: the 307 went nowhere
     assert n.status != "sent" and "HTTP 307" in n.last_error
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://[64:ff9b::7f00:1]/hook",  # NAT64 of 127.0.0.1
+        "http://[64:ff9b::a9fe:a9fe]/hook",  # NAT64 of the cloud metadata address
+        "http://[2002:7f00:1::]/hook",  # 6to4 of 127.0.0.1
+        "http://[2002:c0a8:10a::1]/hook",  # 6to4 of 192.168.1.10
+        "http://[::127.0.0.1]/hook",  # IPv4-compatible
+        "http://[::10.0.0.1]/hook",
+        "http://[::ffff:10.0.0.1]/hook",  # IPv4-mapped
+        "http://[::ffff:0:7f00:1]/hook",  # IPv4-translated (SIIT)
+        "http://[64:ff9b:1::808:808]/hook",  # local-use NAT64: the operator's own network
+    ],
+)
+def test_ipv6_forms_carrying_a_private_ipv4_address_are_refused(url: str) -> None:
+    """Issue #27 item 9: the IPv4 address inside the IPv6 one is judged by the same rules."""
+    with pytest.raises(EgressRefused, match="loopback, link-local or private"):
+        pinned_target(url)
+
+
+@pytest.mark.parametrize(
+    "address", ["64:ff9b::808:808", "2002:808:808::1", "::ffff:8.8.8.8", "2606:4700::1111"]
+)
+def test_ipv6_forms_carrying_a_public_ipv4_address_pass(address: str) -> None:
+    pinned, _host = pinned_target(f"https://[{address}]/hook")
+    assert pinned.startswith("https://[")

@@ -1,10 +1,15 @@
 """Where outbound webhooks may connect: public addresses only, unless the operator allows more.
+Used by alert destinations and the audit checkpoint webhook alike (a web helper, below both).
 
 A destination URL is typed by a registry admin; without this check it could make the server
 post to its own loopback services, the cloud metadata endpoint (169.254.169.254) or any host of
 the private network. The check runs at connect time on the addresses the name resolves to now,
 and the request then goes to exactly the address that was checked (a second lookup could
-answer differently: DNS rebinding). Redirects are never followed.
+answer differently: DNS rebinding). Redirects are never followed. An IPv6 address that carries
+an IPv4 one (IPv4-mapped ``::ffff:a.b.c.d``, IPv4-translated ``::ffff:0:a.b.c.d``,
+IPv4-compatible ``::a.b.c.d``, NAT64 ``64:ff9b::a.b.c.d``, 6to4 ``2002:AABB:CCDD::``, Teredo)
+is judged by the IPv4 address inside it as well: a NAT64 gateway or a 6to4 relay would take the
+request there.
 """
 
 from __future__ import annotations
@@ -34,9 +39,40 @@ def _allowlist() -> tuple[set[str], list[ipaddress.IPv4Network | ipaddress.IPv6N
     return hosts, networks
 
 
+#: Prefixes whose last 32 bits are an IPv4 address the packet ends up at.
+_EMBEDDING_LAST_32 = (
+    ipaddress.ip_network("64:ff9b::/96"),  # NAT64 well-known prefix (RFC 6052)
+    ipaddress.ip_network("::ffff:0:0:0/96"),  # IPv4-translated (SIIT, RFC 7915)
+    ipaddress.ip_network("::/96"),  # IPv4-compatible (deprecated, RFC 4291)
+)
+#: Local-use NAT64 (RFC 8215): the IPv4 address may sit at several offsets, and the network
+#: translating it is the operator's own. Never a public destination.
+_LOCAL_NAT64 = ipaddress.ip_network("64:ff9b:1::/48")
+
+
+def embedded_ipv4(address: IPAddress) -> ipaddress.IPv4Address | None:
+    """The IPv4 address an IPv6 one carries (see the module docstring), else None."""
+    if isinstance(address, ipaddress.IPv4Address):
+        return None
+    if address.ipv4_mapped is not None:
+        return address.ipv4_mapped
+    if address.sixtofour is not None:
+        return address.sixtofour
+    if address.teredo is not None:
+        return address.teredo[1]  # the client's address (de-obfuscated)
+    if any(address in network for network in _EMBEDDING_LAST_32):
+        return ipaddress.IPv4Address(int(address) & 0xFFFFFFFF)
+    return None
+
+
 def _public(address: IPAddress) -> bool:
-    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-        address = address.ipv4_mapped  # ::ffff:127.0.0.1 is loopback too
+    if isinstance(address, ipaddress.IPv6Address):
+        if address in _LOCAL_NAT64:
+            return False
+        inner = embedded_ipv4(address)
+        if inner is not None:
+            # ::ffff:127.0.0.1 is loopback, 64:ff9b::a00:1 reaches 10.0.0.1, and so on.
+            return _public(inner) and (address.is_global or address.ipv4_mapped is not None)
     return address.is_global and not address.is_multicast
 
 
