@@ -18,10 +18,11 @@ import datetime as dt
 import hashlib
 import json
 import os
-import urllib.request
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote, urlsplit
 
+import httpx
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import (
@@ -34,6 +35,7 @@ from django.utils import timezone
 
 from audit.chain import GENESIS, MerkleFrontier, canonical_json
 from audit.models import AuditHead
+from dashboard.egress import EgressRefused, pinned_target, shown_url
 
 FORMAT = "dlo-audit-checkpoint/1"
 WEBHOOK_TIMEOUT_S = 5.0
@@ -320,18 +322,54 @@ def _write_file(directory: Path, cp: Checkpoint) -> Path:
 
 def _post_webhook(cp: Checkpoint) -> None:
     """The optional second sink: POST the checkpoint file's JSON. A failure is kept for the
-    page; the directory copy was written, so nothing is lost."""
+    page; the directory copy was written, so nothing is lost.
+
+    1. The URL passes the alert webhooks' egress guard (public addresses unless allowlisted in
+       ``DLO_WEBHOOK_ALLOW``) and the request goes to the checked address.
+    2. User info in the URL becomes HTTP basic auth; redirects are never followed, so neither
+       it nor the checkpoint goes anywhere else.
+    3. The error kept for the page names the URL without user info or query, and classifies the
+       failure (refused, timed out, HTTP status), never quoting an answer."""
     url = settings.DLO_AUDIT_CHECKPOINT_WEBHOOK
     if not url:
         return
-    request = urllib.request.Request(
-        url, data=cp.to_json().encode("utf-8"), headers={"Content-Type": "application/json"}
-    )
-    try:
-        with urllib.request.urlopen(request, timeout=WEBHOOK_TIMEOUT_S):  # noqa: S310
-            pass
-    except (OSError, ValueError) as exc:
+    error = _webhook_error(url, cp.to_json().encode("utf-8"))
+    if error:
         AuditHead.objects.filter(pk=1).update(
-            checkpoint_error=f"checkpoint webhook {url}: {exc}"[:1000],
+            checkpoint_error=f"checkpoint webhook {shown_url(url)}: {error}"[:1000],
             checkpoint_error_at=timezone.now(),
         )
+
+
+def _webhook_error(url: str, body: bytes) -> str:
+    """POST ``body`` to ``url``; "" on a 2xx answer, else what went wrong (no secrets)."""
+    try:
+        pinned, host = pinned_target(url)
+        parts = urlsplit(url)
+        user, password = parts.username, parts.password
+    except EgressRefused as exc:
+        return f"refused: {exc}"
+    except ValueError:
+        return "refused: not a valid URL"
+    auth = (unquote(user), unquote(password or "")) if user is not None else None
+    try:
+        with httpx.Client(
+            timeout=WEBHOOK_TIMEOUT_S, follow_redirects=False, trust_env=False, auth=auth
+        ) as client:
+            response = client.post(
+                pinned,
+                content=body,
+                headers={"Content-Type": "application/json", "Host": host},
+                extensions={"sni_hostname": parts.hostname or ""},
+            )
+    except httpx.TimeoutException:
+        return f"no answer within {WEBHOOK_TIMEOUT_S:g} s"
+    except httpx.ConnectError:
+        return "connection refused or host unreachable"
+    except (httpx.HTTPError, httpx.InvalidURL) as exc:
+        return f"request failed ({type(exc).__name__})"
+    if response.is_redirect:
+        return f"HTTP {response.status_code} redirect, not followed (give the final URL)"
+    if response.status_code >= 300:
+        return f"HTTP {response.status_code}"
+    return ""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import re
 
 from django.conf import settings
 from django.utils import timezone
@@ -13,6 +14,7 @@ from audit.chain import MerkleFrontier
 from audit.checkpoints import Checkpoint, checkpoint_dir, read_dir
 from audit.models import AuditHead
 from audit.sealer import unsealed_status
+from dashboard.egress import shown_url
 
 CHECKPOINT_LATE_S = 180  # three missed minutes
 
@@ -40,6 +42,24 @@ def _latest_file() -> Checkpoint | None:
     return found[-1] if found else None
 
 
+def _shown_error(error: str) -> str:
+    """The stored checkpoint error without the webhook URL's secrets (user info, query), also
+    for an error stored before the sender stopped quoting them."""
+    url = settings.DLO_AUDIT_CHECKPOINT_WEBHOOK
+    if url and url in error:
+        error = error.replace(url, shown_url(url))
+    return _URL_SECRETS.sub(_strip_secrets, error)
+
+
+_URL_SECRETS = re.compile(r"\b[a-zA-Z][a-zA-Z0-9+.-]*://[^\s]+")
+
+
+def _strip_secrets(match: re.Match[str]) -> str:
+    text = match.group(0)
+    trailing = text[len(text.rstrip(".,;:)'\"")) :]
+    return shown_url(text[: len(text) - len(trailing)]) + trailing
+
+
 def log_status(now: dt.datetime | None = None) -> LogStatus:
     now = now or timezone.now()
     head = AuditHead.objects.filter(pk=1).first()
@@ -51,7 +71,7 @@ def log_status(now: dt.datetime | None = None) -> LogStatus:
         latest = None
     problems: list[str] = []
     age = (now - head.checkpoint_at).total_seconds() if head and head.checkpoint_at else None
-    error = head.checkpoint_error if head else ""
+    error = _shown_error(head.checkpoint_error) if head else ""
     matches: bool | None = None
     if head is None and unsealed["count"] + (latest.tree_size if latest else 0):
         problems.append("The head row is missing: run `manage.py audit verify`.")

@@ -411,25 +411,38 @@ def _jsz_endpoint(management_url: str) -> tuple[str, str]:
 
 
 def _jsz_get(client: httpx.Client, url: str, params: dict[str, str]) -> dict[str, Any]:
+    """One /jsz page. Failures are classified (timeout, refused, HTTP status, not JSON, not
+    /jsz) and never quote the answer: a monitoring URL pointed at another service must not
+    show that service's reply to every viewer of the board."""
     shown = _redacted(url)
     try:
         response = client.get(url, params=params)
+    except httpx.TimeoutException:
+        raise BrokerError(f"nats GET {shown}: no answer in time (timeout)") from None
+    except httpx.ConnectError:
+        raise BrokerError(f"nats GET {shown}: connection refused or host unreachable") from None
     except httpx.HTTPError as exc:
-        raise BrokerError(f"nats GET {shown}: {type(exc).__name__}: {exc}") from None
+        raise BrokerError(f"nats GET {shown}: request failed ({type(exc).__name__})") from None
     if response.status_code in (401, 403, 404):
         raise BrokerError(
             f"nats GET {shown}: HTTP {response.status_code} (not a NATS monitoring port?)",
             permanent=True,
         )
-    if response.status_code == 400:  # the server's own complaint, e.g. an unknown account
-        text = response.text.strip()[:200]
-        raise BrokerError(f"nats GET {shown}: HTTP 400: {text}", permanent=True)
-    if response.status_code >= 400:
+    if response.status_code == 400:  # NATS answers 400 to e.g. an unknown account
+        raise BrokerError(
+            f"nats GET {shown}: HTTP 400 (the monitoring port refused the request: an unknown "
+            "?acc= account?)",
+            permanent=True,
+        )
+    if response.status_code >= 300:
         raise BrokerError(f"nats GET {shown}: HTTP {response.status_code}")
     try:
         page = response.json()
     except ValueError:
-        page = None
+        raise BrokerError(
+            f"nats GET {shown}: the answer is not JSON (not a NATS monitoring port?)",
+            permanent=True,
+        ) from None
     if not isinstance(page, dict) or "server_id" not in page:
         raise BrokerError(f"nats GET {shown}: not a NATS /jsz answer", permanent=True)
     return page

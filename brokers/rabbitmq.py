@@ -166,9 +166,26 @@ class RabbitMQAdapter(BrokerAdapter):
             raise _amqp_error(exc, "connect") from exc
 
     def _may_receive_credentials(self, url: str) -> bool:
-        """The broker's own host, or one the operator listed (``credential_hosts``)."""
-        host = (urllib.parse.urlsplit(url).hostname or "").lower()
-        return host == self._amqp_host or host in self.credential_hosts
+        """Whether ``url`` is an endpoint the AMQP credentials may go to. Comparing the host
+        alone would hand them to any port of the broker's host over plain HTTP (another
+        service, or a listener a registry admin started), so:
+
+        1. an entry of ``credential_hosts`` written ``scheme://host:port`` matches exactly
+           that scheme, host and port;
+        2. the broker's own host, or a bare host name listed there, receives them over HTTPS
+           on any port (the certificate proves the host), and over plain HTTP only on
+           RabbitMQ's own ports (15672 management, 15692 Prometheus)."""
+        try:
+            parts = urllib.parse.urlsplit(url)
+            port = parts.port or {"http": 80, "https": 443}.get(parts.scheme)
+        except ValueError:
+            return False
+        scheme, host = parts.scheme.lower(), (parts.hostname or "").lower()
+        if (scheme, host, port) in _endpoints(self.credential_hosts):
+            return True
+        if host != self._amqp_host and host not in self.credential_hosts:
+            return False
+        return scheme == "https" or (scheme == "http" and port in RABBITMQ_HTTP_PORTS)
 
     def _http(self) -> httpx.Client:
         """An HTTP client for the management/metrics URLs. The AMQP credentials ride along
@@ -267,7 +284,11 @@ class RabbitMQAdapter(BrokerAdapter):
                 ("sort", "name"),
                 ("columns", columns),
             ]
-            data = _http_get(client, url, params).json()
+            data = _json(_http_get(client, url, params), url)
+            if not isinstance(data, dict):
+                raise BrokerError(
+                    f"GET {_redact(url)}: not a management API answer", permanent=True
+                )
             for item in data.get("items", []):
                 queues[item["name"]] = item
             if page >= int(data.get("page_count") or 1):
@@ -760,6 +781,25 @@ class RabbitMQPublisher(Publisher):
 # -- helpers -----------------------------------------------------------------------------
 
 
+#: The plain-HTTP ports of RabbitMQ's management and Prometheus plugins (their defaults).
+RABBITMQ_HTTP_PORTS = frozenset({15672, 15692})
+
+
+def _endpoints(entries: frozenset[str]) -> set[tuple[str, str, int | None]]:
+    """``(scheme, host, port)`` of the ``scheme://host:port`` entries (bare hosts skipped)."""
+    found: set[tuple[str, str, int | None]] = set()
+    for entry in entries:
+        if "://" not in entry:
+            continue
+        try:
+            p = urllib.parse.urlsplit(entry)
+            port = p.port or {"http": 80, "https": 443}.get(p.scheme)
+        except ValueError:
+            continue
+        found.add((p.scheme, (p.hostname or "").lower(), port))
+    return found
+
+
 def _is_prometheus(url: str) -> bool:
     p = urllib.parse.urlsplit(url)
     return p.path.rstrip("/").endswith(("/metrics", "/metrics/detailed")) or p.port == 15692
@@ -789,12 +829,17 @@ def _http_get(
 ) -> httpx.Response:
     try:
         response = client.get(url, params=params)
+    except httpx.TimeoutException:
+        raise BrokerError(f"GET {_redact(url)}: no answer in time (timeout)") from None
+    except httpx.ConnectError:
+        raise BrokerError(f"GET {_redact(url)}: connection refused or host unreachable") from None
     except httpx.HTTPError as exc:
-        raise BrokerError(f"GET {_redact(url)}: {type(exc).__name__}: {exc}") from exc
+        raise BrokerError(f"GET {_redact(url)}: request failed ({type(exc).__name__})") from None
     if response.status_code in (401, 403):
         hint = (
-            " (no credentials sent: they go only to the broker's own host unless the operator"
-            " lists this one in DLO_BROKER_CREDENTIAL_HOSTS)"
+            " (no credentials sent: they go only to the broker's own host over HTTPS or on"
+            " RabbitMQ's own ports 15672/15692, unless the operator lists this endpoint"
+            " (scheme://host:port) in DLO_BROKER_CREDENTIAL_HOSTS)"
             if client.auth is None
             else ""
         )
@@ -813,6 +858,17 @@ def _http_get(
     return response
 
 
+def _json(response: httpx.Response, url: str) -> Any:
+    """The answer's JSON; a classified error, never the body, when it is not JSON."""
+    try:
+        return response.json()
+    except ValueError:
+        raise BrokerError(
+            f"GET {_redact(url)}: the answer is not JSON (not the management API?)",
+            permanent=True,
+        ) from None
+
+
 def _parse_prometheus(text: str, vhost: str, into: dict[str, dict[str, float]]) -> None:
     try:
         for family in text_string_to_metric_families(text):
@@ -821,8 +877,9 @@ def _parse_prometheus(text: str, vhost: str, into: dict[str, dict[str, float]]) 
                 if queue is None or sample.labels.get("vhost") != vhost:
                     continue
                 into.setdefault(queue, {})[sample.name] = sample.value
-    except ValueError as exc:
-        raise BrokerError(f"unparseable Prometheus answer: {exc}") from exc
+    except ValueError:
+        # The parser's message quotes the offending line: never show another service's answer.
+        raise BrokerError("the answer is not Prometheus text (not the metrics endpoint?)") from None
 
 
 def _int(value: Any) -> int | None:

@@ -24,6 +24,21 @@ IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 DEFAULT_PORTS = {"http": 80, "https": 443}
 
 
+def shown_url(url: str) -> str:
+    """``url`` safe to display: no user info, and a query (which may carry a token) shown as
+    ``?…``. Text that does not parse as a URL is not shown at all."""
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError:
+        return "(an unreadable URL)"
+    host = parts.hostname or ""
+    if ":" in host:
+        host = f"[{host}]"
+    netloc = f"{host}:{port}" if port else host
+    return urlunsplit((parts.scheme, netloc, parts.path, "…" if parts.query else "", ""))
+
+
 class EgressRefused(Exception):
     """The URL's host is (or resolves to) an address webhooks may not reach."""
 

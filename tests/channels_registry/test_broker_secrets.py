@@ -202,11 +202,43 @@ def test_management_url_on_another_host_never_receives_the_credentials(
     assert SECRET not in repr(seen)
     # The control: an operator-listed host does get them, so the test can see them.
     adapter = RabbitMQAdapter(
-        url, management_url=f"{base}/api", timeout=3.0, credential_hosts=["127.0.0.2"]
+        url, management_url=f"{base}/api", timeout=3.0, credential_hosts=[base]
     )
     with pytest.raises(BrokerError):
         adapter.inspect([_addr()])
     assert seen[-1]["authorization"].startswith("Basic ")
+
+
+def test_another_port_of_the_brokers_own_host_gets_no_credentials_over_http() -> None:
+    """Issue #27 item 6: the host alone is not enough. Plain HTTP on a port that is not
+    RabbitMQ's own (15672, 15692) is another service, whoever runs it; a bare host listed by
+    the operator does not widen that, only the exact ``scheme://host:port``."""
+    for own, own_seen in _listen("127.0.0.1"):
+        url = f"amqp://guest:{SECRET}@127.0.0.1:5672/%2F"
+        for management in (f"{own}/api", f"{own}/metrics"):
+            for hosts in ([], ["127.0.0.1"]):
+                adapter = RabbitMQAdapter(
+                    url, management_url=management, timeout=3.0, credential_hosts=hosts
+                )
+                with pytest.raises(BrokerError, match="DLO_BROKER_CREDENTIAL_HOSTS"):
+                    adapter.poll([])
+        assert own_seen and all("authorization" not in request for request in own_seen)
+        assert SECRET not in repr(own_seen)
+        adapter = RabbitMQAdapter(
+            url, management_url=f"{own}/api", timeout=3.0, credential_hosts=[own]
+        )
+        with pytest.raises(BrokerError):
+            adapter.poll([])
+        assert own_seen[-1]["authorization"].startswith("Basic ")
+    for allowed in (
+        "http://127.0.0.1:15672/api",
+        "http://127.0.0.1:15692/metrics",
+        "https://127.0.0.1:8443/api",
+    ):
+        adapter = RabbitMQAdapter(
+            f"amqp://guest:{SECRET}@127.0.0.1:5672/%2F", management_url=allowed
+        )
+        assert adapter._may_receive_credentials(allowed), allowed
 
 
 def _addr() -> Any:
@@ -221,7 +253,9 @@ def test_a_redirect_from_the_brokers_host_does_not_carry_the_credentials_away(
     base, seen = collector
     for own, own_seen in _listen("127.0.0.1", redirect_to=base):
         adapter = RabbitMQAdapter(
-            f"amqp://guest:{SECRET}@127.0.0.1:5672/%2F", management_url=f"{own}/api"
+            f"amqp://guest:{SECRET}@127.0.0.1:5672/%2F",
+            management_url=f"{own}/api",
+            credential_hosts=[own],
         )
         with pytest.raises(BrokerError):
             adapter.inspect([_addr()])
