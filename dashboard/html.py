@@ -2,7 +2,9 @@
 groups, a select of every channel): built in Python because Django's template engine costs
 5–10 µs per variable, tag and filter, which a 100–10,000-row list multiplies into most of the
 page's time (docs/performance.md, "Board and DLQ groups"). Markup stays in one place per list;
-every interpolated value is escaped here exactly as the template engine escapes it."""
+every interpolated value is escaped here exactly as the project's template engine escapes it:
+invisible and direction-changing characters shown as markers (``dashboard.text.visible``), then
+HTML-escaped."""
 
 from __future__ import annotations
 
@@ -15,11 +17,14 @@ from django.db.models import QuerySet
 from django.urls import reverse
 from django.utils.safestring import SafeString, mark_safe
 
+from dashboard.text import visible
+
 
 def escape(value: Any) -> str:
     """Django's ``escape`` (the same five characters replaced) without its lazy-string wrapper,
-    which costs more than the rest of a row."""
-    return _html_escape(str(value))
+    which costs more than the rest of a row, after ``visible``, as the project's engine does
+    for every template variable."""
+    return _html_escape(visible(str(value)))
 
 
 class ChannelLinks:
@@ -39,12 +44,12 @@ def options(values: Iterable[str], selected: str) -> SafeString:
     """``<option>`` per value (label = value), ``selected`` marked: what
     ``{% for c in values %}<option value="{{ c }}"{% if c == selected %} selected{% endif %}>
     {{ c }}</option>{% endfor %}`` renders. A select of every channel holds 10,000 values:
-    they are escaped in one pass over the joined text (split on NUL, which no value holds —
-    else one by one)."""
+    they are escaped in one pass over the joined text (split on newlines, which ``escape``
+    keeps and no value holds — else one by one)."""
     values = [str(v) for v in values]
-    joined = "\x00".join(values)
-    if joined.count("\x00") == max(0, len(values) - 1):
-        texts = escape(joined).split("\x00") if values else []
+    joined = "\n".join(values)
+    if joined.count("\n") == max(0, len(values) - 1):
+        texts = escape(joined).split("\n") if values else []
     else:
         texts = [escape(v) for v in values]
     return mark_safe(  # every value escaped above

@@ -119,7 +119,10 @@ WSGI_APPLICATION = None
 
 TEMPLATES = [
     {
-        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        # Django's engine, printing every variable through ``visible`` (dashboard.templating);
+        # named "django" so template_partials wraps its loaders.
+        "BACKEND": "dashboard.templating.DjangoTemplates",
+        "NAME": "django",
         "DIRS": [BASE_DIR / "templates"],
         "APP_DIRS": True,
         "OPTIONS": {

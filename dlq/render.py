@@ -1,10 +1,10 @@
 """Safe rendering of hostile message bodies and headers as plain text.
 
 Everything here returns *text* that templates then autoescape; nothing is marked safe. On top
-of escaping, characters that could mislead the reader are made visible: C0/C1 controls (ANSI
-escapes, NUL) and bidirectional overrides (U+202E) become printable markers, so a body cannot
-reorder or hide what the page shows. JSON is parsed with a recursion guard: 100,000-deep
-nesting shows as text, never as a crash.
+of escaping, characters that could mislead the reader are made visible (``dashboard.text``): C0/C1
+controls (ANSI escapes, NUL), bidirectional overrides (U+202E) and invisible characters become
+printable markers, so a body cannot reorder or hide what the page shows. JSON is parsed with a
+recursion guard: 100,000-deep nesting shows as text, never as a crash.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import json
 from typing import Any
 
 from channels_registry.models import Channel
+from dashboard.text import visible
 from dlq import redaction
 
 DISPLAY_LIMIT = 64 * 1024  # characters of text / JSON shown inline
@@ -23,26 +24,6 @@ PARSE_LIMIT = 4 * 1024 * 1024  # larger bodies are never parsed as JSON
 HEADER_ROWS = 500  # header rows shown; the page says how many more there are
 HEADER_VALUE_LIMIT = 2000
 TIMELINE_ROWS = 100
-
-_MARKERS: dict[int, str] = {}
-for _code in range(0x20):
-    if _code not in (0x09, 0x0A):
-        _MARKERS[_code] = chr(0x2400 + _code)  # ␀ ␛ ␍ …
-_MARKERS[0x7F] = "␡"
-for _code in range(0x80, 0xA0):
-    _MARKERS[_code] = f"\\x{_code:02x}"
-for _code in (
-    *range(0x202A, 0x202F),  # LRE RLE PDF LRO RLO
-    *range(0x2066, 0x206A),  # LRI RLI FSI PDI
-    0x200B, 0x200C, 0x200D, 0x200E, 0x200F, 0x061C, 0xFEFF, 0x2028, 0x2029,
-):  # fmt: skip
-    _MARKERS[_code] = f"⟨U+{_code:04X}⟩"
-
-
-def visible(text: str) -> str:
-    """``text`` with control and direction-changing characters replaced by visible markers."""
-    return text.translate(_MARKERS)
-
 
 _NOT_PARSED = object()
 
