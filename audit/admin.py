@@ -8,10 +8,11 @@ from django.contrib import admin
 from django.http import HttpRequest
 
 from audit.models import AuditEvent
+from dashboard.admin_text import VisibleTextAdmin
 
 
 @admin.register(AuditEvent)
-class AuditEventAdmin(admin.ModelAdmin):
+class AuditEventAdmin(VisibleTextAdmin):
     list_display = ["seq", "created_at", "actor_username", "action", "target_repr", "outcome"]
     list_filter = ["action", "outcome"]
     search_fields = ["actor_username", "target_repr", "reason"]

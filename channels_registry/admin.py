@@ -26,6 +26,7 @@ from channels_registry.actions import (
 from channels_registry.forms import BrokerForm, ChannelForm
 from channels_registry.models import Broker, Channel, MessageSchema
 from channels_registry.principles import SEED_DEFAULTS, describe, seed_initial
+from dashboard.admin_text import VisibleTextAdmin
 
 
 def render_findings(findings: list[dict[str, Any]]) -> SafeString:
@@ -76,7 +77,7 @@ def render_preset() -> SafeString:
 
 
 @admin.register(Broker)
-class BrokerAdmin(admin.ModelAdmin):
+class BrokerAdmin(VisibleTextAdmin):
     form = BrokerForm
     list_display = ["name", "kind", "url_source", "management_url", "enabled", "poll_interval_s"]
     list_filter = ["kind", "enabled"]
@@ -97,8 +98,9 @@ class BrokerAdmin(admin.ModelAdmin):
 
 
 @admin.register(Channel)
-class ChannelAdmin(admin.ModelAdmin):
+class ChannelAdmin(VisibleTextAdmin):
     form = ChannelForm
+    list_select_related = ["broker"]  # the columns are callables: no automatic join
     list_display = [
         "name",
         "slug",

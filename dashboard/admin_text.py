@@ -22,9 +22,24 @@ def visible_value(value: Any) -> str:
     return "" if value is None else visible(str(value))
 
 
+class _Shown:
+    """An object's stand-in for the admin's action checkbox: its pk, its text made visible."""
+
+    def __init__(self, obj: Any) -> None:
+        self.pk = obj.pk
+        self._text = visible_value(obj)
+
+    def __str__(self) -> str:
+        return self._text
+
+
 class VisibleTextAdmin(admin.ModelAdmin):
     """A ``ModelAdmin`` whose ``list_display`` text fields (and ``__str__``) print through
-    ``visible``; fields with choices keep their labels, numbers and dates are left alone."""
+    ``visible``; fields with choices keep their labels, numbers and dates are left alone. The
+    action checkbox's label (the object's text, rendered by a form widget) too."""
+
+    def action_checkbox(self, obj: Any) -> Any:
+        return super().action_checkbox(_Shown(obj))
 
     def get_list_display(self, request: HttpRequest) -> Sequence[Any]:
         return [self._visible_column(name) for name in super().get_list_display(request)]

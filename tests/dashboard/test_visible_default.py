@@ -113,3 +113,14 @@ def test_pages_named_in_the_issue_show_markers(viewer: User) -> None:
     assert "rej⟨U+2060⟩" in listing
     channel_page = client.get(f"/channels/{channel.slug}/").content.decode()
     assert "Orders⟨U+2060⟩" in channel_page and "About⟨U+2060⟩" in channel_page
+
+
+@pytest.mark.django_db
+def test_admin_change_lists_mark_channel_and_broker_names(registry_admin: User) -> None:
+    broker = make_broker(name=f"b{STORED}")
+    make_channel(broker, name=f"Orders{STORED}")
+    client = client_for(registry_admin)
+    for url in ("/admin/channels_registry/channel/", "/admin/channels_registry/broker/"):
+        html = client.get(url).content.decode()
+        assert [f"U+{ord(c):04X}" for c in STORED if c in html and c != "\n"] == [], url
+        assert "⟨U+2060⟩" in html, url
