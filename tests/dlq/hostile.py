@@ -32,3 +32,13 @@ HOSTILE_HEADERS = {
     "x-rtl": "\u202eevil",
     **{f"x-h{i}": f"<b>v{i}</b>" for i in range(10_000)},
 }
+
+#: Invisible, format, filler and control characters (issue #27): each must reach a page only as
+#: a printable marker. No NUL: PostgreSQL text columns refuse it (bodies carry it above).
+INVISIBLE = (
+    "\u2060\u00ad\u180e\u206a\u206f\u034f\u3164\U000e0041\U000e0042\U000e007f\u200b\u200d"
+    "\u202e\u2066\u2069\u061c\ufeff\u2028\x07\x1b\x7f\x85\x9b\u115f\uffa0\ufe00\U000e0100"
+    "\u2800\u17b4\u0600\U0001d173"
+)
+#: Text for names, reasons and headers: markup that must stay text, plus every character above.
+HOSTILE_NAME = f"<b>x</b><img src=x onerror=alert(1)>{INVISIBLE}"
