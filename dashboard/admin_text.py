@@ -4,7 +4,7 @@ Python (``format_html``), outside the engine's variable nodes, so its text colum
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 from django.contrib import admin
@@ -41,7 +41,7 @@ class VisibleTextAdmin(admin.ModelAdmin):
     def action_checkbox(self, obj: Any) -> Any:
         return super().action_checkbox(_Shown(obj))
 
-    def get_list_display(self, request: HttpRequest) -> Sequence[Any]:
+    def get_list_display(self, request: HttpRequest) -> list[Any]:
         return [self._visible_column(name) for name in super().get_list_display(request)]
 
     def _visible_column(self, name: Any) -> Any:

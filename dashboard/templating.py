@@ -30,7 +30,7 @@ from django.template.base import Template, VariableNode
 from django.utils.formats import localize
 from django.utils.html import conditional_escape, escape
 from django.utils.safestring import SafeData
-from django.utils.timezone import template_localtime
+from django.utils.timezone import template_localtime  # type: ignore[attr-defined]
 
 from dashboard.text import visible
 
@@ -75,7 +75,7 @@ class VisibleEngine(Engine):
         return mark_visible(template), origin
 
     def from_string(self, template_code: str) -> Template:
-        return mark_visible(super().from_string(template_code))  # type: ignore[no-any-return]
+        return mark_visible(super().from_string(template_code))
 
 
 class DjangoTemplates(BaseDjangoTemplates):

@@ -60,7 +60,7 @@ class DeadLetterAdmin(ReadOnlyAdmin):
     list_filter = ["source", "status", "channel"]
     search_fields = ["search_text"]
     list_select_related = ["channel"]
-    fields = readonly_fields = [
+    fields = readonly_fields = (
         "entry_page",
         "channel_shown",
         "source",
@@ -80,7 +80,7 @@ class DeadLetterAdmin(ReadOnlyAdmin):
         "headers_shown",
         "body_shown",
         "properties_shown",
-    ]
+    )
 
     channel_shown = _shown("channel", "channel")
     reason_shown = _shown("reason", "reason")
@@ -131,7 +131,7 @@ class DeadLetterAdmin(ReadOnlyAdmin):
 class FailureGroupAdmin(ReadOnlyAdmin):
     list_display = ["id", "channel", "reason", "error_class", "count", "last_seen"]
     list_select_related = ["channel"]
-    fields = readonly_fields = [
+    fields = readonly_fields = (
         "group_page",
         "channel_shown",
         "reason_shown",
@@ -143,7 +143,7 @@ class FailureGroupAdmin(ReadOnlyAdmin):
         "open_count",
         "first_seen",
         "last_seen",
-    ]
+    )
 
     channel_shown = _shown("channel", "channel")
     reason_shown = _shown("reason", "reason")
