@@ -50,7 +50,14 @@ MARKED_RANGES: tuple[tuple[int, int], ...] = (
     (0xE0100, 0xE01EF),  # variation selectors 17-256
 )
 
-_MARKED = re.compile("[" + "".join(f"\\U{lo:08x}-\\U{hi:08x}" for lo, hi in MARKED_RANGES) + "]")
+_BMP = [(lo, hi) for lo, hi in MARKED_RANGES if hi <= 0xFFFF]
+_ASTRAL = tuple((lo, hi) for lo, hi in MARKED_RANGES if lo > 0xFFFF)
+#: Marked characters of the Basic Multilingual Plane, or any astral one (judged in
+#: ``_replace``): a class of BMP characters only compiles to a lookup table, where one with
+#: astral ranges would test each range for every character (five times slower).
+_MARKED = re.compile(
+    "[" + "".join(f"\\u{lo:04x}-\\u{hi:04x}" for lo, hi in _BMP) + "]|[\\U00010000-\\U0010ffff]"
+)
 
 
 def marker(code: int) -> str:
@@ -64,13 +71,26 @@ def marker(code: int) -> str:
     return f"⟨U+{code:04X}⟩"
 
 
+_ASCII_MARKERS = {code: marker(code) for code in (*range(0x09), *range(0x0B, 0x20), 0x7F)}
+
+
+def is_marked(code: int) -> bool:
+    """Whether ``visible`` replaces the code point ``code``."""
+    return any(lo <= code <= hi for lo, hi in MARKED_RANGES)
+
+
 def _replace(match: re.Match[str]) -> str:
-    return marker(ord(match.group(0)))
+    char = match.group(0)
+    code = ord(char)
+    if code > 0xFFFF and not any(lo <= code <= hi for lo, hi in _ASTRAL):
+        return char  # an emoji, a CJK extension character …: shown as it is
+    return marker(code)
 
 
 def visible(text: str) -> str:
-    """``text`` with the marked characters replaced by visible markers (unchanged, the same
-    object, when it has none: the common case costs one scan)."""
+    """``text`` with the marked characters replaced by visible markers."""
+    if text.isascii():  # the common case, in C: only C0 controls and DEL can be marked
+        return text if text.isprintable() else text.translate(_ASCII_MARKERS)
     if _MARKED.search(text) is None:
         return text
     return _MARKED.sub(_replace, text)

@@ -15,7 +15,7 @@ from django.utils.safestring import mark_safe
 
 from audit.actions import Actor, record
 from dashboard.html import escape
-from dashboard.text import MARKED_RANGES, visible
+from dashboard.text import is_marked, visible
 from tests.conftest import client_for, make_broker, make_channel
 from tests.dlq.conftest import letter, store
 
@@ -31,15 +31,11 @@ HOSTILE = "".join(NAMED)
 STORED = HOSTILE.replace("\x00", "\x07")
 
 
-def _marked(code: int) -> bool:
-    return any(lo <= code <= hi for lo, hi in MARKED_RANGES)
-
-
 def test_every_format_character_is_marked() -> None:
     missing = [
         f"U+{code:04X}"
         for code in range(sys.maxunicode + 1)
-        if unicodedata.category(chr(code)) == "Cf" and not _marked(code)
+        if unicodedata.category(chr(code)) == "Cf" and not is_marked(code)
     ]
     assert missing == []
 
@@ -52,8 +48,10 @@ def test_each_named_character_becomes_a_printable_marker(char: str) -> None:
 
 
 def test_text_tab_newline_emoji_and_accents_stay_as_they_are() -> None:
-    text = "Zürich\tok\nläuft ❤️ 👍🏽 עברית 中文 e\u0301"
-    assert visible(text) is text
+    text = "Zürich\tok\nläuft ❤️ 👍🏽 עברית 中文 e\u0301 \U00020000"
+    assert visible(text) == text
+    plain = "Zürich\tläuft\n"
+    assert visible(plain) is plain  # nothing to replace: not even a copy
 
 
 def test_markers_are_stable() -> None:

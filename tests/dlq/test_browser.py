@@ -155,7 +155,7 @@ def test_invisible_and_bidi_characters_never_reach_a_page_raw(live_server: Any) 
 def _sweep(base: str, visits: list[tuple[str, list[str]]]) -> None:
     from playwright.sync_api import sync_playwright
 
-    from dashboard.text import _MARKED
+    from dashboard.text import is_marked
 
     if not os.path.exists(CHROMIUM):
         pytest.skip("Debian chromium is not installed")
@@ -193,7 +193,7 @@ def _sweep(base: str, visits: list[tuple[str, list[str]]]) -> None:
                               .map(e => [e.title, e.getAttribute('aria-label'),
                                          e.getAttribute('alt')].join(' '))].join('\\n')"""
                     )
-                    raw = sorted({f"U+{ord(m.group(0)):04X}" for m in _MARKED.finditer(shown)})
+                    raw = sorted(f"U+{ord(c):04X}" for c in set(shown) if is_marked(ord(c)))
                     if raw:
                         problems.append(f"{path}: {raw}")
                     if "⟨U+2060⟩" not in shown:
