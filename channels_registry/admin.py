@@ -27,6 +27,7 @@ from channels_registry.forms import BrokerForm, ChannelForm
 from channels_registry.models import Broker, Channel, MessageSchema
 from channels_registry.principles import SEED_DEFAULTS, describe, seed_initial
 from dashboard.admin_text import VisibleTextAdmin
+from dashboard.text import visible
 
 
 def render_findings(findings: list[dict[str, Any]]) -> SafeString:
@@ -47,7 +48,7 @@ def render_findings(findings: list[dict[str, Any]]) -> SafeString:
                 d["principle"],
                 d["principle"],
                 d["principle_name"],
-                d["message"],
+                visible(str(d["message"])),  # may quote the broker's configuration
                 d["fix"],
                 d["why"],
             )
@@ -235,7 +236,7 @@ class ChannelAdmin(VisibleTextAdmin):
             problems = obj.broker.config_problems() if obj is not None and obj.pk else []
             return format_html(
                 '<p class="sub">{}</p>',
-                problems[0]
+                visible(problems[0])
                 if problems
                 else "The broker's configuration has not been read yet (every few polls).",
             )
