@@ -92,6 +92,18 @@ def test_a_refused_monitoring_port_is_classified() -> None:
     assert error.permanent is False
 
 
+def test_a_silent_monitoring_port_is_a_timeout() -> None:
+    with socket.socket() as silent:  # accepts connections (the backlog), never answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        port = silent.getsockname()[1]
+        adapter = NatsJetStreamAdapter(
+            "nats://127.0.0.1:4222", management_url=f"http://127.0.0.1:{port}", timeout=1.0
+        )
+        with pytest.raises(BrokerError, match=r"no answer in time \(timeout\)"):
+            adapter.poll([Address("S", "c")])
+
+
 def test_rabbitmq_metrics_or_api_at_another_service_shows_no_answer(service: str) -> None:
     url = "amqp://guest:guest@127.0.0.1:5672/%2F"
     cases = ((f"{service}/metrics", "not Prometheus text"), (service, "not JSON"))
