@@ -100,11 +100,14 @@ def test_pages_named_in_the_issue_show_markers(viewer: User) -> None:
         "/dead-letters/",
     ]
     for url in pages:
-        response = client.get(url)
-        assert response.status_code == 200, url
-        html = response.content.decode()
-        raw = [f"U+{ord(c):04X}" for c in STORED if c in html and c != "\n"]
-        assert raw == [], url
+        for htmx in ({}, {"HTTP_HX_REQUEST": "true"}):  # the page, and its partial for htmx
+            response = client.get(url, **htmx)
+            assert response.status_code == 200, url
+            html = response.content.decode()
+            raw = [f"U+{ord(c):04X}" for c in STORED if c in html and c != "\n"]
+            assert raw == [], (url, htmx)
+    partial = client.get(f"/dead-letters/list/?group={entry.group_id}", HTTP_HX_REQUEST="true")
+    assert "<html" not in partial.content.decode() and "rej⟨U+2060⟩" in partial.content.decode()
     detail = client.get(f"/dead-letters/{entry.pk}/").content.decode()
     assert "eve⟨U+2060⟩" in detail and "because⟨U+2060⟩" in detail
     listing = client.get(f"/dead-letters/list/?group={entry.group_id}").content.decode()
