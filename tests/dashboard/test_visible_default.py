@@ -125,3 +125,14 @@ def test_admin_change_lists_mark_channel_and_broker_names(registry_admin: User) 
         html = client.get(url).content.decode()
         assert [f"U+{ord(c):04X}" for c in STORED if c in html and c != "\n"] == [], url
         assert "⟨U+2060⟩" in html, url
+
+
+@pytest.mark.django_db
+def test_form_fields_keep_the_value_as_stored(registry_admin: User) -> None:
+    """What an admin edits is the stored value: saving the form must not write markers back
+    (widgets render through the form renderer's engine, not the project's)."""
+    channel = make_channel(name="Orders\u200bX", description="About\u202eY")
+    url = f"/admin/channels_registry/channel/{channel.pk}/change/"
+    html = client_for(registry_admin).get(url).content.decode()
+    assert 'value="Orders\u200bX"' in html and "About\u202eY</textarea>" in html
+    assert "Orders⟨U+200B⟩X" in html  # the page's title and breadcrumbs mark it
