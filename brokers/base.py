@@ -129,6 +129,9 @@ class ChannelStats:
     #: The highest delivery count among pending (delivered, unacked) messages, where the broker
     #: tells it cheaply (Redis: XPENDING of the oldest pending entries).
     max_deliveries: int | None = None
+    #: With ``exists=False``: what exactly is missing when the address is only partly there
+    #: ("stream 'orders' exists but has no consumer group 'workers'"); "" = nothing of it.
+    missing: str = ""
     observed_at: float = dataclasses.field(default_factory=time.time)
 
     def as_dict(self) -> dict[str, Any]:

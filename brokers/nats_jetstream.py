@@ -258,6 +258,7 @@ def _stats(
         return sample
     if consumer is None:
         sample.exists = False
+        sample.missing = f"stream {address.name!r} exists but has no consumer {address.group!r}"
         return sample
     config = consumer.get("config") or {}
     delivered = consumer.get("delivered") or {}
@@ -1061,6 +1062,16 @@ class NatsDrainSession(_LoopSession, DrainSession):
         self._close_session(hand_back)
 
 
+def _jetstream_down(exc: BaseException, what: str) -> BrokerError:
+    """JetStream not answering on a live connection (no responders, timeout): an outage."""
+    if isinstance(exc, nats.errors.NoRespondersError | nats.errors.TimeoutError | TimeoutError):
+        return BrokerError(
+            f"nats {what}: JetStream does not answer (not ready, or not enabled)",
+            connection_lost=True,
+        )
+    return _broker_error(exc, what)
+
+
 def _header_text(value: Any) -> str:
     return value if isinstance(value, str) else json.dumps(value, default=repr)
 
@@ -1072,6 +1083,34 @@ class NatsPublisher(_LoopSession, Publisher):
         self.subject = target.name
         super().__init__(adapter)
         self.js = self.nc.jetstream(timeout=self.timeout)
+        # A server accepts connections before JetStream is ready (or without it): that is an
+        # outage of the target, not something the messages did. Ask JetStream once, so that
+        # opening (and the relay's probe, which opens) fails until it answers.
+        try:
+            self._call(self._jetstream_answers())
+        except BaseException:
+            self._close_session()
+            raise
+
+    async def _jetstream_answers(self) -> None:
+        try:
+            await _Api(self.nc, self.timeout, 1).request("INFO")
+        except Exception as exc:
+            raise _jetstream_down(exc, f"publish {self.subject}") from None
+
+    async def _refusal_or_outage(self) -> str | None:
+        """After "no responders" on a publish: the reason to refuse the message when JetStream
+        answers and no stream captures the subject, else None (JetStream is not ready, or the
+        capturing stream did not answer: an outage)."""
+        try:
+            names = await _Api(self.nc, self.timeout, 1).request(
+                "STREAM.NAMES", {"subject": self.subject}
+            )
+        except Exception:
+            return None
+        if "error" in names or (_int_or_none(names.get("total")) or 0) > 0:
+            return None
+        return f"no responders: no stream captures subject {self.subject!r}"
 
     def publish(self, messages: Sequence[OutgoingMessage]) -> list[PublishOutcome]:
         async def publish_all() -> list[PublishOutcome]:
@@ -1090,8 +1129,12 @@ class NatsPublisher(_LoopSession, Publisher):
             if not _HEADER_NAME.match(key) or "\r" in value or "\n" in value:
                 return f"header {key!r} cannot be carried by NATS (name or CR/LF in value)"
         replay_id = headers.get("x-dlq-replay-id")
-        if replay_id:
+        own_id = any(k.lower() == "nats-msg-id" for k in headers)
+        if replay_id and not own_id:
             headers["Nats-Msg-Id"] = replay_id  # server-side dedup within duplicate_window
+        # A client's own Nats-Msg-Id is kept (docs/identity.md): a consumer deduplicating on it
+        # sees the message it knows; the server then drops a replay landing within the
+        # stream's duplicate_window of the original publish as a duplicate (reported).
         return headers
 
     async def _one(self, message: OutgoingMessage) -> PublishOutcome:
@@ -1105,12 +1148,15 @@ class NatsPublisher(_LoopSession, Publisher):
                 self.subject, message.body, timeout=self.timeout, headers=headers or None
             )
         except nats.js.errors.NoStreamResponseError:
+            refusal = await self._refusal_or_outage()
+            if refusal is None:
+                return PublishOutcome.lost(
+                    message.key,
+                    f"nats publish {self.subject}: no responders and JetStream does not "
+                    "answer for the subject (not ready, or its stream is unavailable)",
+                )
             return PublishOutcome(
-                key=message.key,
-                confirmed=False,
-                reason=f"no responders: no stream captures subject {self.subject!r}",
-                permanent=True,
-                refused=True,
+                key=message.key, confirmed=False, reason=refusal, permanent=True, refused=True
             )
         except Exception as exc:
             error = _broker_error(exc, f"publish {self.subject}")
@@ -1122,6 +1168,17 @@ class NatsPublisher(_LoopSession, Publisher):
                 # An API error is the server's answer (e.g. a stream limit); the rest is doubt.
                 refused=isinstance(exc, nats.js.errors.APIError),
                 connection_lost=error.connection_lost,
+            )
+        if ack.duplicate and headers.get("Nats-Msg-Id") != headers.get("x-dlq-replay-id"):
+            # The client's own id is still within the stream's duplicate_window (the original
+            # publish, or a copy of this replay): the server dropped it. Not delivered: retry
+            # after the window rather than call a dropped message replayed.
+            return PublishOutcome(
+                key=message.key,
+                confirmed=False,
+                reason="dropped as a duplicate: the stream's duplicate_window still holds "
+                "this Nats-Msg-Id",
+                refused=True,
             )
         return PublishOutcome(
             key=message.key,

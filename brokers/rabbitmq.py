@@ -28,6 +28,7 @@ import contextlib
 import datetime as dt
 import hashlib
 import json
+import logging
 import threading
 import time
 import urllib.parse
@@ -57,6 +58,21 @@ from brokers.base import (
     Topology,
     json_safe_headers,
 )
+
+log = logging.getLogger(__name__)
+
+
+class _QuietNotFound(logging.Filter):
+    """pika logs every ``404 NOT_FOUND`` channel close as a warning, with the connection's repr.
+    A missing queue is the adapter's to report (``exists=False``, or a ``BrokerError``), once,
+    in its own words; the pika line is dropped."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return not ("(404)" in message and "NOT_FOUND" in message)
+
+
+logging.getLogger("pika.channel").addFilter(_QuietNotFound())
 
 PAGE_SIZE = 500  # the management API's maximum page size
 PUBLISH_WINDOW = 2_000  # outstanding (unconfirmed) publishes per publisher
@@ -317,6 +333,10 @@ class RabbitMQAdapter(BrokerAdapter):
     ) -> tuple[dict[Address, ChannelStats], int, list[str]]:
         declared, trips = self._passive_declare_all(addresses)
         stats: dict[Address, ChannelStats] = {}
+        missing = [str(a) for a, (ok, frame, _at) in declared.items() if not ok or frame is None]
+        if missing:
+            shown = ", ".join(repr(m) for m in missing[:5]) + (" …" if len(missing) > 5 else "")
+            log.info("rabbitmq: %d queue(s) do not exist: %s", len(missing), shown)
         for address, (ok, frame, at) in declared.items():
             if not ok or frame is None:
                 stats[address] = ChannelStats(address, exists=False, observed_at=at)

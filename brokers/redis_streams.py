@@ -160,6 +160,9 @@ def _stats_from_info(
         group = next((g for g in groups if _text(g.get("name")) == address.group), None)
     if group is None:
         stats.exists = False
+        stats.missing = (
+            f"stream {address.name!r} exists but has no consumer group {address.group!r}"
+        )
         return stats, False
     lag = _int_or_none(group.get("lag"))  # nil after XDEL/XTRIM inside the group's range
     pending = _int_or_none(group.get("pending"))
@@ -641,6 +644,10 @@ DEFAULT_METADATA_FIELDS = (
     "dead_lettered_at",
     "x-error-*",
     "x-dlq-*",
+    # What reapers add about the entry they moved (its id and count there): metadata, never
+    # replayed into the message (docs/identity.md).
+    "x-original-id",
+    "x-delivery-count",
 )
 _REASON_FIELDS = ("reason", "x-error-reason", "error", "x-error", "x-error-message")
 _COUNT_FIELDS = ("delivery_count", "x-error-delivery-count", "x-delivery-count", "times_delivered")
