@@ -196,6 +196,10 @@ class DeadLetter:
     broker_id: str
     redelivery_count: int | None = None
     reason: str | None = None
+    #: The application's error where the broker (not a header) carries it: a NATS ``term``
+    #: reason. It wins over the message's headers at ingest (those may be an earlier death's).
+    error_class: str | None = None
+    error_message: str | None = None
     first_death_queue: str | None = None
     first_death_exchange: str | None = None
     first_death_at: float | None = None

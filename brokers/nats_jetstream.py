@@ -84,6 +84,17 @@ DRAIN_SUFFIXES = ("_md", "_term")  # one drain consumer per advisory kind
 MAX_DELIVERIES_PREFIX = "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES"
 TERMINATED_PREFIX = "$JS.EVENT.ADVISORY.CONSUMER.MSG_TERMINATED"
 ADVISORY_SUBJECTS = [f"{MAX_DELIVERIES_PREFIX}.>", f"{TERMINATED_PREFIX}.>"]
+#: ``Address.group`` of a *copy stream* drain: a stream of copies the application's consumer
+#: republished (its DLQ or poison stream). Not a consumer name (">" cannot be in one).
+COPY_GROUP = ">copies"
+#: Headers by which a copy names the message it copies (JetStream's own RePublish names).
+COPY_STREAM_HEADER, COPY_SEQUENCE_HEADER, COPY_SUBJECT_HEADER = (
+    "Nats-Stream",
+    "Nats-Sequence",
+    "Nats-Subject",
+)
+# ``term`` reasons shaped like ``CustomerNotFound: customer c-7 does not exist``.
+_CLASS_PREFIX = re.compile(r"^([A-Za-z_][\w.$:]{0,199}?)\s*:\s+(.+)$", re.DOTALL)
 LIST_PAGE = 256  # JetStream's page size for STREAM.LIST / CONSUMER.LIST
 JSZ_PAGE = 1024  # accounts per /jsz page (the server's default limit)
 PUBLISH_WINDOW = 256
@@ -764,12 +775,17 @@ class NatsJetStreamAdapter(BrokerAdapter):
             raise nats.js.errors.APIError.from_error(created["error"])
 
     def prepare_drain(self, address: Address) -> None:
+        if address.group == COPY_GROUP:
+            return  # the application's stream; the drain consumer is created on open
+
         async def work(nc: NATS) -> None:
             await self._ensure_advisory_stream(_Api(nc, self.timeout, 1))
 
         _run_once(self._with_connection(work, f"prepare_drain {address}"))
 
     def open_drain(self, address: Address) -> DrainSession:
+        if address.group == COPY_GROUP:
+            return NatsCopyDrainSession(self, address.name)
         return NatsDrainSession(self, address)
 
     def open_publisher(self, target: Address) -> Publisher:
@@ -982,11 +998,13 @@ class NatsDrainSession(_LoopSession, DrainSession):
                 broker_id=f"{ADVISORY_STREAM}:{advisory_seq}",
                 reason="unparseable advisory (body is the advisory itself)",
             )
+        error_class = error_message = None
         if msg.subject.startswith(MAX_DELIVERIES_PREFIX):
             reason = "max_deliveries"
         else:
-            detail = advisory.get("reason")
-            reason = f"terminated: {detail}" if detail else "terminated"
+            # NATS 2.10+ carries the consumer's ``term`` reason: the application's error.
+            reason = "terminated"
+            error_class, error_message = split_term_reason(advisory.get("reason"))
         body, headers, original_subject = b"", {}, None
         response = await api.request(f"STREAM.MSG.GET.{stream}", {"seq": stream_seq})
         if "error" in response:
@@ -1022,6 +1040,8 @@ class NatsDrainSession(_LoopSession, DrainSession):
             broker_id=f"{stream}:{stream_seq}",
             redelivery_count=_int_or_none(advisory.get("deliveries")),
             reason=reason,
+            error_class=error_class,
+            error_message=error_message,
             first_death_queue=advisory.get("consumer"),
             dead_lettered_at=_parse_ts(advisory.get("timestamp")),
         )
@@ -1060,6 +1080,179 @@ class NatsDrainSession(_LoopSession, DrainSession):
             await self.nc.flush(timeout=max(1, round(self.timeout)))
 
         self._close_session(hand_back)
+
+
+def split_term_reason(reason: Any) -> tuple[str | None, str | None]:
+    """A ``term`` reason as (error class, error message): ``"CustomerNotFound: customer c-7
+    does not exist"`` names its class; any other text is the message alone."""
+    if not isinstance(reason, str) or not reason.strip():
+        return None, None
+    text = reason.strip()
+    match = _CLASS_PREFIX.match(text)
+    if match and not match.group(1).endswith(":"):
+        return match.group(1), match.group(2).strip()
+    return None, text
+
+
+def copy_key(stream: str, stream_seq: int) -> str:
+    """The identity of a copy that names its original (``Nats-Stream`` + ``Nats-Sequence``):
+    one copy per stored message. Ingest looks it up to skip that message's advisory."""
+    key = f"nats:{stream}:{stream_seq}:copy"
+    return key if len(key) <= 200 else "nats:" + hashlib.sha256(key.encode()).hexdigest()
+
+
+def copy_consumer_name(stream: str, installation: str = "") -> str:
+    """The durable that drains a copy stream for this installation."""
+    name = f"dlo_{installation}_copies" if installation else "dlo_copies"
+    if not re.fullmatch(r"[A-Za-z0-9_-]+", name) or len(name) > 120:
+        name = "dlo_" + hashlib.sha256(f"{installation}:{stream}".encode()).hexdigest()[:32]
+    return name
+
+
+class NatsCopyDrainSession(_LoopSession, DrainSession):
+    """A stream of copies the application's consumer republished when it gave a message up
+    (the channel's DLQ or poison stream): each message is one dead letter, and its headers
+    carry the cause (``x-error-class``, ``reason`` …), as on RabbitMQ and Redis.
+
+    Read through this installation's durable pull consumer on that stream, acknowledged only
+    after the store committed. Never destructive: on a limits stream an ack removes nothing
+    (the stream's own limits bound it). A stream that does not exist yet is an empty drain
+    (the poll reports the missing address). Identity: a copy naming its original is
+    ``copy_key(stream, seq)``; any other copy is ``nats:<copy stream>:<seq>:copy``."""
+
+    def __init__(self, adapter: NatsJetStreamAdapter, stream: str) -> None:
+        self.stream = stream
+        self.durable = copy_consumer_name(stream, adapter.installation_id)
+        self._outstanding: dict[int, Msg] = {}
+        super().__init__(adapter)
+        try:
+            self.sub = self._call(self._bind())
+        except BaseException as exc:
+            self._close_session()
+            raise _broker_error(exc, f"open_drain {stream} (copies)") from None
+
+    async def _bind(self) -> Any:
+        if not _STREAM_NAME.fullmatch(self.stream):
+            return None  # no stream can have this name ("orders.dlq"): nothing to drain
+        api = _Api(self.nc, self.timeout, 1)
+        info = await api.request(f"CONSUMER.INFO.{self.stream}.{self.durable}")
+        if _not_found(info):
+            stream = await api.request(f"STREAM.INFO.{self.stream}")
+            if _not_found(stream):
+                return None
+            config = ConsumerConfig(
+                durable_name=self.durable,
+                deliver_policy=DeliverPolicy.ALL,
+                ack_policy=AckPolicy.EXPLICIT,
+                ack_wait=self.adapter.drain_ack_wait_s,
+                max_ack_pending=self.adapter.drain_max_ack_pending,
+                max_deliver=-1,
+                description=f"Dead Letter Office ingest of the copies in {self.stream}",
+            )
+            await self.nc.jetstream(timeout=self.timeout).add_consumer(self.stream, config)
+        elif "error" in info:
+            raise nats.js.errors.APIError.from_error(info["error"])
+        js = self.nc.jetstream(timeout=self.timeout)
+        return await js.pull_subscribe_bind(self.durable, self.stream)
+
+    def waiting(self) -> int | None:
+        if self.sub is None:
+            return 0
+
+        async def count() -> int | None:
+            info = await _Api(self.nc, self.timeout, 1).request(
+                f"CONSUMER.INFO.{self.stream}.{self.durable}"
+            )
+            if "error" in info:
+                return None
+            return int(info.get("num_pending") or 0) + int(info.get("num_ack_pending") or 0)
+
+        try:
+            return self._call(count())
+        except Exception as exc:
+            raise _broker_error(exc, f"waiting {self.stream}") from None
+
+    def fetch(self, max_batch: int, wait_s: float) -> list[DeadLetter]:
+        if self.sub is None:
+            return []
+
+        async def pull() -> list[Msg]:
+            try:
+                msgs: list[Msg] = await self.sub.fetch(max(1, max_batch), timeout=max(wait_s, 0.2))
+            except TimeoutError:
+                return []
+            return msgs
+
+        try:
+            msgs = self._call(pull())
+        except Exception as exc:
+            raise _broker_error(exc, f"fetch {self.stream} (copies)") from None
+        for msg in msgs:
+            self._outstanding[id(msg)] = msg
+        return [self._letter(msg) for msg in msgs]
+
+    def _letter(self, msg: Msg) -> DeadLetter:
+        seq = msg.metadata.sequence.stream
+        raw = dict(msg.headers or {})
+        headers = json_safe_headers(raw)
+        lowered = {str(k).lower(): v for k, v in raw.items()}
+        original = lowered.get(COPY_STREAM_HEADER.lower())
+        original_seq = _int_or_none(_maybe_int(lowered.get(COPY_SEQUENCE_HEADER.lower())))
+        properties: dict[str, Any] = {"copy_stream": self.stream, "copy_seq": seq}
+        if isinstance(original, str) and original and original_seq is not None:
+            key = copy_key(original, original_seq)
+            properties.update(stream=original, stream_seq=original_seq)
+            subject = lowered.get(COPY_SUBJECT_HEADER.lower())
+            if isinstance(subject, str) and subject:
+                properties["subject"] = subject  # where a replay goes (see dlq.relay_publish)
+        else:
+            key = f"nats:{self.stream}:{seq}:copy"
+            if len(key) > 200:
+                key = "nats:" + hashlib.sha256(key.encode()).hexdigest()
+        reason = lowered.get("reason") or lowered.get("x-first-death-reason")
+        stamp = msg.metadata.timestamp
+        return DeadLetter(
+            dedupe_key=key
+            if len(key) <= 200
+            else "nats:" + hashlib.sha256(key.encode()).hexdigest(),
+            body=bytes(msg.data),
+            headers=headers,
+            properties=properties,
+            token=msg,
+            broker_id=f"{self.stream}:{seq}",
+            reason=reason if isinstance(reason, str) else None,
+            first_death_queue=original if isinstance(original, str) else None,
+            dead_lettered_at=stamp.timestamp() if stamp is not None else None,
+        )
+
+    def ack(self, letters: Sequence[DeadLetter]) -> None:
+        msgs = [letter.token for letter in letters]
+
+        async def ack_all() -> None:
+            await asyncio.gather(*(m.ack_sync(timeout=self.timeout) for m in msgs))
+
+        try:
+            self._call(ack_all())
+        except Exception as exc:
+            raise _broker_error(exc, f"ack {self.stream} (copies)") from None
+        for msg in msgs:
+            self._outstanding.pop(id(msg), None)
+
+    def close(self) -> None:
+        pending = list(self._outstanding.values())
+        self._outstanding.clear()
+
+        async def hand_back() -> None:
+            await asyncio.gather(*(m.nak() for m in pending), return_exceptions=True)
+            await self.nc.flush(timeout=max(1, round(self.timeout)))
+
+        self._close_session(hand_back)
+
+
+def _maybe_int(value: Any) -> Any:
+    if isinstance(value, str) and value.strip().isdigit():
+        return int(value.strip())
+    return value
 
 
 def _jetstream_down(exc: BaseException, what: str) -> BrokerError:

@@ -40,7 +40,7 @@ from audit.actions import Actor, record
 from brokers import get_adapter
 from brokers.base import Address, BrokerAdapter
 from brokers.base import DeadLetter as Letter
-from brokers.nats_jetstream import NatsJetStreamAdapter
+from brokers.nats_jetstream import COPY_GROUP, NatsJetStreamAdapter, copy_key
 from channels_registry.models import BrokerKind, Channel, installation_id
 from dlq import search, trends
 from dlq.fingerprint import normalize_error
@@ -96,11 +96,19 @@ def drain_addresses(channel: Channel) -> list[tuple[Address, str]]:
     """The dead-letter addresses to drain and the source each feeds.
 
     RabbitMQ and Redis: the declared DLQ and poison queue/stream. NATS JetStream has no DLQ
-    queue: with ``nats_advisory_capture`` its dead letters are the advisories about the
-    channel's own stream and consumer (docs/identity.md).
+    queue: the declared DLQ / poison streams hold the copies the consumer republished, and
+    with ``nats_advisory_capture`` the advisories about the channel's own stream and consumer
+    are dead letters too (docs/identity.md).
     """
     addresses: list[tuple[Address, str]] = []
     if channel.broker.kind == BrokerKind.NATS:
+        # Copies first: the consumer publishes its copy before it gives the message up, so
+        # the copy (which carries the cause) is stored before that message's advisory, which
+        # store_batch then skips (see ``_covered_by_copies``).
+        if channel.dlq_address:
+            addresses.append((Address(channel.dlq_address, COPY_GROUP), Source.DLQ))
+        if channel.poison_address:
+            addresses.append((Address(channel.poison_address, COPY_GROUP), Source.POISON))
         if channel.nats_advisory_capture:
             addresses.append((Address(channel.address, channel.address_group), Source.DLQ))
         return addresses
@@ -128,7 +136,12 @@ def store_batch(
         # One ingester per channel at a time: the counts below rely on it.
         locked = Channel.objects.select_for_update().select_related("broker").get(pk=channel.pk)
         now = timezone.now()
-        built = [build_entry(locked, letter, source, now) for letter in letters]
+        covered = _covered_by_copies(locked, letters)
+        built = [
+            build_entry(locked, letter, source, now)
+            for letter in letters
+            if letter.dedupe_key not in covered
+        ]
         unique: dict[str, Built] = {}
         for b in built:
             unique.setdefault(b.entry.dedupe_key, b)
@@ -162,6 +175,30 @@ def store_batch(
     if stored_ids is not None:
         stored_ids.extend(stored.values())
     return inserted, duplicates
+
+
+def _covered_by_copies(channel: Channel, letters: Sequence[Letter]) -> set[str]:
+    """NATS advisories whose message the consumer copied into a declared DLQ / poison stream
+    and whose copy is stored already (it names its original, ``copy_key``): the same death,
+    with its cause. Their dedupe keys, to be acknowledged without a second entry."""
+    if channel.broker.kind != BrokerKind.NATS or not (
+        channel.dlq_address or channel.poison_address
+    ):
+        return set()
+    wanted: dict[str, str] = {}
+    for letter in letters:
+        stream, seq = letter.properties.get("stream"), letter.properties.get("stream_seq")
+        if (
+            letter.properties.get("advisory_id")
+            and isinstance(stream, str)
+            and isinstance(seq, int)
+        ):
+            wanted[copy_key(stream, seq)] = letter.dedupe_key
+    if not wanted:
+        return set()
+    table = DeadLetterKey if connection.vendor == "postgresql" else DeadLetter
+    found = table.objects.filter(dedupe_key__in=list(wanted)).values_list("dedupe_key", flat=True)
+    return {wanted[key] for key in found}
 
 
 def _insert_new(built: list[Built], now: dt.datetime) -> dict[str, int]:
