@@ -208,6 +208,36 @@ class DeadLetter:
 
 
 @dataclasses.dataclass
+class RetryingMessage:
+    """One message waiting for its next attempt, as the broker shows it without consuming it.
+    ``None`` means the broker does not tell."""
+
+    broker_id: str
+    attempts: int | None = None  # deliveries so far
+    last_delivered_at: float | None = None  # epoch seconds
+    next_attempt_at: float | None = None  # epoch seconds, where the broker knows it
+    holder: str = ""  # the consumer holding it (Redis), if any
+
+
+@dataclasses.dataclass
+class RetryView:
+    """Messages of one channel waiting for a retry (the Sidekiq "Retry set" of a broker).
+
+    ``count`` is how many wait (``None``: the broker cannot tell; ``at_most`` then bounds it
+    where it can); ``messages`` the first of them the broker lists without consuming, oldest
+    first (empty with ``listable=False`` when it cannot list them at all); ``next_attempt_at``
+    the earliest known next attempt; ``notes`` say what the broker could not tell and why."""
+
+    count: int | None = None
+    at_most: int | None = None
+    redelivered: int | None = None
+    next_attempt_at: float | None = None
+    listable: bool = False
+    messages: list[RetryingMessage] = dataclasses.field(default_factory=list)
+    notes: list[str] = dataclasses.field(default_factory=list)
+
+
+@dataclasses.dataclass
 class OutgoingMessage:
     """A message to publish (replay). ``key`` identifies it in the results."""
 
@@ -330,6 +360,13 @@ class BrokerAdapter(abc.ABC):
         DLQ stream; NATS: the stream capturing MAX_DELIVERIES/TERMINATED advisories). The
         default does nothing (RabbitMQ's DLQ is a queue that keeps its messages)."""
         return None
+
+    def retries(self, address: Address, retry_address: str = "", limit: int = 50) -> RetryView:
+        """The messages of ``address`` waiting for a retry (``retry_address``: the declared
+        retry queue, where the broker keeps them apart). Bounded: one or two requests, at
+        most ``limit`` messages listed. Never consumes (no destructive peek); what the broker
+        cannot show without consuming is ``None`` with a note saying so."""
+        return RetryView(notes=[f"The {self.kind or 'broker'} adapter does not read retries."])
 
     @abc.abstractmethod
     def open_drain(self, address: Address) -> DrainSession:

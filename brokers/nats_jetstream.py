@@ -72,6 +72,7 @@ from brokers.base import (
     PollResult,
     Publisher,
     PublishOutcome,
+    RetryView,
     Topology,
     json_safe_headers,
 )
@@ -782,6 +783,35 @@ class NatsJetStreamAdapter(BrokerAdapter):
             await self._ensure_advisory_stream(_Api(nc, self.timeout, 1))
 
         _run_once(self._with_connection(work, f"prepare_drain {address}"))
+
+    def retries(self, address: Address, retry_address: str = "", limit: int = 50) -> RetryView:
+        """What the durable's info tells (one CONSUMER.INFO): how many are delivered and not
+        acknowledged, how many were redelivered. JetStream lists neither the messages nak'ed
+        with a delay nor their redelivery times without consuming them."""
+        if not address.group or not _STREAM_NAME.fullmatch(address.name):
+            return RetryView(notes=["No durable consumer is declared: nothing is pending."])
+
+        async def work(nc: NATS) -> dict[str, Any]:
+            return await _Api(nc, self.timeout, 1).request(
+                f"CONSUMER.INFO.{address.name}.{address.group}"
+            )
+
+        info = _run_once(self._with_connection(work, f"retries {address}"))
+        if _not_found(info):
+            return RetryView(notes=[f"Stream {address.name!r} has no consumer {address.group!r}."])
+        if "error" in info:
+            raise BrokerError(f"nats retries {address}: {info['error'].get('description')}")
+        return RetryView(
+            at_most=_int_or_none(info.get("num_ack_pending")),
+            redelivered=_int_or_none(info.get("num_redelivered")),
+            listable=False,
+            notes=[
+                "At most the consumer's ack-pending messages wait for a retry: JetStream counts "
+                "a message being processed and one nak'ed with a delay alike.",
+                "JetStream cannot list pending messages or their redelivery times without "
+                "consuming them: the list and the next attempt times are unknown.",
+            ],
+        )
 
     def open_drain(self, address: Address) -> DrainSession:
         if address.group == COPY_GROUP:

@@ -55,6 +55,7 @@ from brokers.base import (
     PollResult,
     Publisher,
     PublishOutcome,
+    RetryView,
     Topology,
     json_safe_headers,
 )
@@ -413,6 +414,31 @@ class RabbitMQAdapter(BrokerAdapter):
         return by_queue
 
     # -- drain / publish -----------------------------------------------------------------
+
+    def retries(self, address: Address, retry_address: str = "", limit: int = 50) -> RetryView:
+        """The declared TTL retry queue's depth (one passive declare). RabbitMQ cannot show a
+        queue's messages without taking them off it, so nothing is listed."""
+        if not retry_address:
+            return RetryView(
+                notes=[
+                    "No retry queue is declared: RabbitMQ itself only requeues at once or "
+                    "dead-letters. Declare the TTL retry (delay) queue as the retry address."
+                ]
+            )
+        declared, _trips = self._passive_declare_all([Address(retry_address)])
+        ok, frame, _at = declared[Address(retry_address)]
+        if not ok or frame is None:
+            return RetryView(notes=[f"The retry queue {retry_address!r} does not exist."])
+        return RetryView(
+            count=int(frame.message_count),
+            listable=False,
+            notes=[
+                f"Messages waiting in the retry queue {retry_address!r}; each goes back to "
+                "the work queue when its TTL expires.",
+                "RabbitMQ cannot show the messages of a queue, nor their expiry times, without "
+                "taking them off it: the list and the next attempt times are unknown.",
+            ],
+        )
 
     def open_drain(self, address: Address) -> DrainSession:
         return RabbitMQDrainSession(self, address)

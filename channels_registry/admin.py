@@ -173,6 +173,7 @@ class ChannelAdmin(admin.ModelAdmin):
                     "backoff_jitter",
                     "max_in_flight",
                     "ack_timeout_s",
+                    "retry_address",
                 ]
             },
         ),
