@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+from collections.abc import Iterator
 
 import pytest
 import redis
@@ -13,7 +15,7 @@ from django.contrib.auth.models import User
 from channels_registry.models import BrokerKind
 from dlq import ingest, relay
 from dlq.models import DeadLetter, PlanStatus, ReplayItem, SearchText
-from tests.conftest import make_broker, make_channel
+from tests.conftest import broker_required, make_broker, make_channel
 from tests.dlq.replay_helpers import plan_for
 from tests.dlq.test_clients_redis import GROUP, streams  # noqa: F401 - fixture
 
@@ -97,3 +99,65 @@ def test_search_indexer_logs_one_line_during_a_database_outage(
     search.index_missing()  # the catch-up indexes whatever the outage left
     indexed = SearchText.objects.filter(entry_id__in=[e.pk for e in entries]).count()
     assert indexed == 2
+
+
+@pytest.fixture
+def nats_without_jetstream(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """Our own nats-server with JetStream off (it accepts connections; JetStream never
+    answers), as a server still starting JetStream looks; the shared one is never touched."""
+    import shutil
+    import socket
+    import subprocess
+    import time
+
+    binary = shutil.which("nats-server") or "/usr/sbin/nats-server"
+    if not os.path.exists(binary):
+        broker_required("nats-server", FileNotFoundError(binary))
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    process = subprocess.Popen(
+        [binary, "-a", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        for _ in range(400):  # bounded: up to 20 s for the port
+            with socket.socket() as probe:
+                if probe.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            time.sleep(0.05)
+        url = f"nats://127.0.0.1:{port}"
+        monkeypatch.setenv("DLO_BROKER_TEST_NOJS_NATS", url)
+        yield url
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
+
+
+def test_replay_to_nats_without_jetstream_waits_and_spends_no_attempt(
+    nats_without_jetstream: str, oncall: User
+) -> None:
+    from tests.dlq.conftest import letter, store
+
+    broker = make_broker(name="nojs", kind=BrokerKind.NATS, url_env="DLO_BROKER_TEST_NOJS_NATS")
+    channel = make_channel(
+        broker, address="ORDERS", address_group="workers", dlq_address="", poison_address=""
+    )
+    entries = store(
+        channel,
+        *[
+            letter(properties={"stream": "ORDERS", "stream_seq": i + 1, "subject": "orders.x"})
+            for i in range(5)
+        ],
+    )
+    plan = plan_for(entries, oncall)
+
+    result = relay.run_plan(plan.pk, max_seconds=4)  # a slice: the plan waits past it
+
+    plan.refresh_from_db()
+    assert result.status == PlanStatus.WAITING == plan.status
+    assert "JetStream does not answer" in plan.status_note
+    items = ReplayItem.objects.filter(plan=plan)
+    assert {i.attempts for i in items} == {0}
+    assert set(DeadLetter.objects.values_list("status", flat=True)) == {"replaying"}
