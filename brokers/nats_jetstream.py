@@ -85,14 +85,17 @@ DRAIN_SUFFIXES = ("_md", "_term")  # one drain consumer per advisory kind
 MAX_DELIVERIES_PREFIX = "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES"
 TERMINATED_PREFIX = "$JS.EVENT.ADVISORY.CONSUMER.MSG_TERMINATED"
 ADVISORY_SUBJECTS = [f"{MAX_DELIVERIES_PREFIX}.>", f"{TERMINATED_PREFIX}.>"]
-#: ``Address.group`` of a *copy stream* drain: a stream of copies the application's consumer
-#: republished (its DLQ or poison stream). Not a consumer name (">" cannot be in one).
-COPY_GROUP = ">copies"
-#: Headers by which a copy names the message it copies (JetStream's own RePublish names).
-COPY_STREAM_HEADER, COPY_SEQUENCE_HEADER, COPY_SUBJECT_HEADER = (
+#: ``Address.group`` prefix of a *copy stream* drain: a stream of copies the application's
+#: consumer republished (its DLQ or poison stream), followed by the channel's own
+#: ``stream/consumer`` (``copy_address``). Not a consumer name (">" cannot be in one).
+COPY_GROUP = ">copies:"
+#: Headers by which a copy names the message it copies (JetStream's own RePublish names;
+#: ``Nats-Consumer``, optional, names the durable that gave it up).
+COPY_STREAM_HEADER, COPY_SEQUENCE_HEADER, COPY_SUBJECT_HEADER, COPY_CONSUMER_HEADER = (
     "Nats-Stream",
     "Nats-Sequence",
     "Nats-Subject",
+    "Nats-Consumer",
 )
 # ``term`` reasons shaped like ``CustomerNotFound: customer c-7 does not exist``.
 _CLASS_PREFIX = re.compile(r"^([A-Za-z_][\w.$:]{0,199}?)\s*:\s+(.+)$", re.DOTALL)
@@ -776,7 +779,7 @@ class NatsJetStreamAdapter(BrokerAdapter):
             raise nats.js.errors.APIError.from_error(created["error"])
 
     def prepare_drain(self, address: Address) -> None:
-        if address.group == COPY_GROUP:
+        if address.group.startswith(COPY_GROUP):
             return  # the application's stream; the drain consumer is created on open
 
         async def work(nc: NATS) -> None:
@@ -814,8 +817,8 @@ class NatsJetStreamAdapter(BrokerAdapter):
         )
 
     def open_drain(self, address: Address) -> DrainSession:
-        if address.group == COPY_GROUP:
-            return NatsCopyDrainSession(self, address.name)
+        if address.group.startswith(COPY_GROUP):
+            return NatsCopyDrainSession(self, address)
         return NatsDrainSession(self, address)
 
     def open_publisher(self, target: Address) -> Publisher:
@@ -1131,11 +1134,19 @@ def copy_key(stream: str, stream_seq: int) -> str:
     return key if len(key) <= 200 else "nats:" + hashlib.sha256(key.encode()).hexdigest()
 
 
-def copy_consumer_name(stream: str, installation: str = "") -> str:
-    """The durable that drains a copy stream for this installation."""
-    name = f"dlo_{installation}_copies" if installation else "dlo_copies"
+def copy_address(copy_stream: str, owner: Address) -> Address:
+    """The drain address of ``copy_stream`` for the channel at ``owner`` (stream/consumer)."""
+    return Address(copy_stream, f"{COPY_GROUP}{owner.name}/{owner.group}")
+
+
+def copy_consumer_name(copy_stream: str, owner: Address, installation: str = "") -> str:
+    """The durable that drains a copy stream for one channel of this installation: several
+    channels may share one DLQ stream, and each must see every copy (it keeps its own)."""
+    prefix = f"dlo_{installation}_copies" if installation else "dlo_copies"
+    name = f"{prefix}_{owner.name}_{owner.group or 'all'}"
     if not re.fullmatch(r"[A-Za-z0-9_-]+", name) or len(name) > 120:
-        name = "dlo_" + hashlib.sha256(f"{installation}:{stream}".encode()).hexdigest()[:32]
+        digest = hashlib.sha256(f"{installation}:{copy_stream}:{owner}".encode()).hexdigest()
+        name = f"{prefix}_{digest[:32]}" if len(prefix) < 80 else "dlo_" + digest[:32]
     return name
 
 
@@ -1150,16 +1161,18 @@ class NatsCopyDrainSession(_LoopSession, DrainSession):
     (the poll reports the missing address). Identity: a copy naming its original is
     ``copy_key(stream, seq)``; any other copy is ``nats:<copy stream>:<seq>:copy``."""
 
-    def __init__(self, adapter: NatsJetStreamAdapter, stream: str) -> None:
-        self.stream = stream
-        self.durable = copy_consumer_name(stream, adapter.installation_id)
+    def __init__(self, adapter: NatsJetStreamAdapter, address: Address) -> None:
+        self.stream = address.name
+        owner_stream, _, owner_consumer = address.group.removeprefix(COPY_GROUP).partition("/")
+        self.owner = Address(owner_stream, owner_consumer)
+        self.durable = copy_consumer_name(self.stream, self.owner, adapter.installation_id)
         self._outstanding: dict[int, Msg] = {}
         super().__init__(adapter)
         try:
             self.sub = self._call(self._bind())
         except BaseException as exc:
             self._close_session()
-            raise _broker_error(exc, f"open_drain {stream} (copies)") from None
+            raise _broker_error(exc, f"open_drain {self.stream} (copies)") from None
 
     async def _bind(self) -> Any:
         if not _STREAM_NAME.fullmatch(self.stream):
@@ -1217,9 +1230,24 @@ class NatsCopyDrainSession(_LoopSession, DrainSession):
             msgs = self._call(pull())
         except Exception as exc:
             raise _broker_error(exc, f"fetch {self.stream} (copies)") from None
-        for msg in msgs:
-            self._outstanding[id(msg)] = msg
-        return [self._letter(msg) for msg in msgs]
+        letters = [self._letter(msg) for msg in msgs]
+        # A copy naming another stream (or consumer) belongs to another channel sharing this
+        # DLQ stream, which has its own durable: acknowledged on ours and passed over.
+        foreign = [t for t in letters if not self._ours(t)]
+        if foreign:
+            self.ack(foreign)
+        skipped = {id(t) for t in foreign}
+        mine = [t for t in letters if id(t) not in skipped]
+        for letter in mine:
+            self._outstanding[id(letter.token)] = letter.token
+        return mine
+
+    def _ours(self, letter: DeadLetter) -> bool:
+        stream = letter.properties.get("stream")
+        consumer = letter.properties.get("consumer")
+        if stream is not None and stream != self.owner.name:
+            return False
+        return consumer is None or not self.owner.group or consumer == self.owner.group
 
     def _letter(self, msg: Msg) -> DeadLetter:
         seq = msg.metadata.sequence.stream
@@ -1229,6 +1257,9 @@ class NatsCopyDrainSession(_LoopSession, DrainSession):
         original = lowered.get(COPY_STREAM_HEADER.lower())
         original_seq = _int_or_none(_maybe_int(lowered.get(COPY_SEQUENCE_HEADER.lower())))
         properties: dict[str, Any] = {"copy_stream": self.stream, "copy_seq": seq}
+        consumer = lowered.get(COPY_CONSUMER_HEADER.lower())
+        if isinstance(consumer, str) and consumer:
+            properties["consumer"] = consumer
         if isinstance(original, str) and original and original_seq is not None:
             key = copy_key(original, original_seq)
             properties.update(stream=original, stream_seq=original_seq)

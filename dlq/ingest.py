@@ -40,7 +40,7 @@ from audit.actions import Actor, record
 from brokers import get_adapter
 from brokers.base import Address, BrokerAdapter
 from brokers.base import DeadLetter as Letter
-from brokers.nats_jetstream import COPY_GROUP, NatsJetStreamAdapter, copy_key
+from brokers.nats_jetstream import NatsJetStreamAdapter, copy_address, copy_key
 from channels_registry.models import BrokerKind, Channel, installation_id
 from dlq import search, trends
 from dlq.fingerprint import normalize_error
@@ -105,10 +105,11 @@ def drain_addresses(channel: Channel) -> list[tuple[Address, str]]:
         # Copies first: the consumer publishes its copy before it gives the message up, so
         # the copy (which carries the cause) is stored before that message's advisory, which
         # store_batch then skips (see ``_covered_by_copies``).
+        own = Address(channel.address, channel.address_group)
         if channel.dlq_address:
-            addresses.append((Address(channel.dlq_address, COPY_GROUP), Source.DLQ))
+            addresses.append((copy_address(channel.dlq_address, own), Source.DLQ))
         if channel.poison_address:
-            addresses.append((Address(channel.poison_address, COPY_GROUP), Source.POISON))
+            addresses.append((copy_address(channel.poison_address, own), Source.POISON))
         if channel.nats_advisory_capture:
             addresses.append((Address(channel.address, channel.address_group), Source.DLQ))
         return addresses

@@ -210,3 +210,48 @@ def test_a_term_reason_names_the_error_class_when_it_leads_with_one(
     """NATS 2.10+ puts the consumer's ``term`` reason in the MSG_TERMINATED advisory (the
     server on this machine, 2.9, does not: its advisories carry no ``reason`` field)."""
     assert split_term_reason(reason) == expected
+
+
+def test_channels_sharing_one_dlq_stream_each_take_their_own_copies(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    token = uuid.uuid4().hex[:8]
+    shared, works = f"DLO_SHARED_{token}", [f"DLO_SHA_{token}", f"DLO_SHB_{token}"]
+
+    async def setup(nc: Any) -> None:
+        js = nc.jetstream()
+        await js.add_stream(name=shared, subjects=[f"shared{token}.dlq"])
+        for work in works:
+            await js.add_stream(name=work, subjects=[f"{work.lower()}.orders"])
+        for i, work in enumerate(works * 2):  # two copies per channel, interleaved
+            headers = {"Nats-Stream": work, "Nats-Sequence": str(i + 1), "x-error-class": work}
+            await js.publish(f"shared{token}.dlq", b"{}", headers=headers)
+
+    try:
+        _nats(setup)
+    except Exception as exc:  # noqa: BLE001 - any failure means "not reachable"
+        broker_required("NATS JetStream", exc)
+    try:
+        monkeypatch.setenv("DLO_BROKER_TEST_CAUSES_NATS", NATS_URL)
+        broker = make_broker(
+            name="nats", kind=BrokerKind.NATS, url_env="DLO_BROKER_TEST_CAUSES_NATS"
+        )
+        channels = [
+            make_channel(broker, slug=f"ch{i}", address=work, address_group="workers",
+                         dlq_address=shared, poison_address="")
+            for i, work in enumerate(works)
+        ]  # fmt: skip
+        for channel in channels:
+            assert ingest.ingest_channel(channel).inserted == 2
+        for channel, work in zip(channels, works, strict=True):
+            classes = DeadLetter.objects.filter(channel=channel).values_list(
+                "error_class", flat=True
+            )
+            assert list(classes) == [work, work]
+    finally:
+
+        async def cleanup(nc: Any) -> None:
+            for name in (shared, *works):
+                await nc.jetstream().delete_stream(name)
+
+        _nats(cleanup)
