@@ -56,6 +56,10 @@ from dlq.relay_publish import link_replayed_parents
 log = logging.getLogger(__name__)
 
 BATCH_SIZE = 500
+#: How long a NATS advisory waits for the consumer's copy of its message before it is stored
+#: on its own (``_awaiting_copies``): the copy is published first, but may reach the copy
+#: stream's drain after the advisory reached its own.
+COPY_WAIT_S = 60.0
 FETCH_WAIT_S = 1.0
 TOP_UP_WAIT_S = 0.05
 DRAINED_WAIT_S = 0.25
@@ -72,9 +76,12 @@ class IngestResult:
     #: Dead letters the broker said were waiting on a drain that fetched none (see
     #: ``DrainSession.waiting``): held by a crashed ingester, or a stuck drain.
     stalled: int = 0
+    #: NATS advisories left for a later run while their message's copy is awaited.
+    deferred: int = 0
 
     def add(self, other: IngestResult) -> None:
         self.stalled += other.stalled
+        self.deferred += other.deferred
         self.fetched += other.fetched
         self.inserted += other.inserted
         self.duplicates += other.duplicates
@@ -178,28 +185,52 @@ def store_batch(
     return inserted, duplicates
 
 
+def _copy_keys(channel: Channel, letters: Sequence[Letter]) -> dict[str, Letter]:
+    """The copy key (``copy_key``) of each NATS advisory letter, on a channel that declares
+    DLQ / poison copy streams; empty elsewhere."""
+    if channel.broker.kind != BrokerKind.NATS or not (
+        channel.dlq_address or channel.poison_address
+    ):
+        return {}
+    keys: dict[str, Letter] = {}
+    for letter in letters:
+        stream, seq = letter.properties.get("stream"), letter.properties.get("stream_seq")
+        advisory = letter.properties.get("advisory_id")
+        if advisory and isinstance(stream, str) and isinstance(seq, int):
+            keys[copy_key(stream, seq)] = letter
+    return keys
+
+
+def _stored_keys(keys: list[str]) -> set[str]:
+    if not keys:
+        return set()
+    table = DeadLetterKey if connection.vendor == "postgresql" else DeadLetter
+    return set(table.objects.filter(dedupe_key__in=keys).values_list("dedupe_key", flat=True))
+
+
 def _covered_by_copies(channel: Channel, letters: Sequence[Letter]) -> set[str]:
     """NATS advisories whose message the consumer copied into a declared DLQ / poison stream
     and whose copy is stored already (it names its original, ``copy_key``): the same death,
     with its cause. Their dedupe keys, to be acknowledged without a second entry."""
-    if channel.broker.kind != BrokerKind.NATS or not (
-        channel.dlq_address or channel.poison_address
-    ):
+    keys = _copy_keys(channel, letters)
+    return {keys[key].dedupe_key for key in _stored_keys(list(keys))}
+
+
+def _awaiting_copies(channel: Channel, letters: Sequence[Letter]) -> set[str]:
+    """NATS advisories younger than ``COPY_WAIT_S`` whose copy is not stored yet: the consumer
+    publishes its copy before it gives the message up, but the copy's drain may not have
+    reached it. Their dedupe keys, left for the next run; older ones are stored alone (the
+    consumer made no copy, or one that names nothing)."""
+    keys = _copy_keys(channel, letters)
+    if not keys:
         return set()
-    wanted: dict[str, str] = {}
-    for letter in letters:
-        stream, seq = letter.properties.get("stream"), letter.properties.get("stream_seq")
-        if (
-            letter.properties.get("advisory_id")
-            and isinstance(stream, str)
-            and isinstance(seq, int)
-        ):
-            wanted[copy_key(stream, seq)] = letter.dedupe_key
-    if not wanted:
-        return set()
-    table = DeadLetterKey if connection.vendor == "postgresql" else DeadLetter
-    found = table.objects.filter(dedupe_key__in=list(wanted)).values_list("dedupe_key", flat=True)
-    return {wanted[key] for key in found}
+    stored = _stored_keys(list(keys))
+    horizon = timezone.now().timestamp() - COPY_WAIT_S
+    return {
+        letter.dedupe_key
+        for key, letter in keys.items()
+        if key not in stored and (letter.dead_lettered_at or 0.0) > horizon
+    }
 
 
 def _insert_new(built: list[Built], now: dt.datetime) -> dict[str, int]:
@@ -338,11 +369,11 @@ def ingest_channel(
         adapter.prepare_drain(address)
         with adapter.drain(address) as session, search.BackgroundIndexer() as indexer:
             wait_s = FETCH_WAIT_S
-            fetched_before = result.fetched
+            fetched_before = result.fetched + result.deferred
             while result.batches < max_batches:
                 letters = session.fetch(batch_size, wait_s)
                 if not letters:
-                    if result.fetched == fetched_before:
+                    if result.fetched + result.deferred == fetched_before:
                         # Nothing at all: does the broker say something is waiting?
                         result.stalled += session.waiting() or 0
                     break
@@ -356,6 +387,14 @@ def ingest_channel(
                         break
                     letters.extend(more)
                 ids: list[int] = []
+                # Left unacknowledged: handed back when the session closes, looked at again by
+                # the next run, once their copies have been drained.
+                waiting = _awaiting_copies(channel, letters)
+                letters = [t for t in letters if t.dedupe_key not in waiting]
+                result.deferred += len(waiting)
+                result.batches += 1
+                if not letters:
+                    continue
                 inserted, duplicates = store_batch(channel, letters, source, address, ids)
                 if _crash_after_commit_requested():
                     os._exit(137)
@@ -363,7 +402,6 @@ def ingest_channel(
                 # Off the commit-then-ack path: the text index follows the ack, on the
                 # indexer's own thread and connection (caught up by index_missing below).
                 indexer.submit(ids)
-                result.batches += 1
                 result.fetched += len(letters)
                 result.inserted += inserted
                 result.duplicates += duplicates

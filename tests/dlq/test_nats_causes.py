@@ -147,8 +147,11 @@ def _traffic(names: tuple[str, str, str]) -> None:
 
 @pytest.mark.slow
 def test_nats_dead_letters_split_by_the_applications_error(
-    streams: tuple[str, str, str],
+    streams: tuple[str, str, str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # Every copy is published before its advisory and before this ingest: no advisory needs
+    # to wait for its copy (that wait has its own test below).
+    monkeypatch.setattr(ingest, "COPY_WAIT_S", 0.0)
     work, dlq, poison = streams
     broker = make_broker(name="nats", kind=BrokerKind.NATS, url_env="DLO_BROKER_TEST_CAUSES_NATS")
     channel = make_channel(
@@ -255,3 +258,45 @@ def test_channels_sharing_one_dlq_stream_each_take_their_own_copies(
                 await nc.jetstream().delete_stream(name)
 
         _nats(cleanup)
+
+
+def test_an_advisory_ingested_before_its_copy_waits_for_it(
+    streams: tuple[str, str, str],
+) -> None:
+    """The consumer terminates first and copies afterwards (or the copy reaches its drain
+    late): the advisory is left for a later run, which finds the copy and stores one entry."""
+    work, dlq, _poison = streams
+    token = work.removeprefix("DLO_CAUSE_")
+    broker = make_broker(name="nats", kind=BrokerKind.NATS, url_env="DLO_BROKER_TEST_CAUSES_NATS")
+    channel = make_channel(
+        broker, address=work, address_group="workers", dlq_address=dlq, poison_address="",
+        nats_advisory_capture=True,
+    )  # fmt: skip
+    ingest.adapter_for(channel).prepare_drain(Address(work, "workers"))
+    held: list[Any] = []
+
+    async def terminate(nc: Any) -> None:
+        js = nc.jetstream()
+        await js.publish(f"cause{token}.orders", b'{"customer": "c-7"}')
+        sub = await js.pull_subscribe_bind("workers", work)
+        [msg] = await sub.fetch(1, timeout=2)
+        held.append((msg.metadata.sequence.stream, msg.subject))
+        await msg.term()
+        await nc.flush()
+
+    async def copy(nc: Any) -> None:
+        seq, subject = held[0]
+        headers = {"x-error-class": "CustomerNotFound", "Nats-Stream": work,
+                   "Nats-Sequence": str(seq), "Nats-Subject": subject}  # fmt: skip
+        await nc.jetstream().publish(f"cause{token}.dlq", b'{"customer": "c-7"}', headers=headers)
+
+    _nats(terminate)
+    first = ingest.ingest_channel(channel)
+    assert (first.inserted, first.deferred) == (0, 1)
+    assert not DeadLetter.objects.filter(channel=channel).exists()
+    _nats(copy)
+    second = ingest.ingest_channel(channel)
+
+    assert (second.inserted, second.duplicates) == (1, 1)  # the copy; the advisory it covers
+    [entry] = DeadLetter.objects.filter(channel=channel)
+    assert entry.error_class == "CustomerNotFound" and entry.dedupe_key.endswith(":copy")
