@@ -1173,6 +1173,8 @@ class NatsCopyDrainSession(_LoopSession, DrainSession):
         except BaseException as exc:
             self._close_session()
             raise _broker_error(exc, f"open_drain {self.stream} (copies)") from None
+        #: Whether the copy stream exists (else this drain is empty).
+        self.available = self.sub is not None
 
     async def _bind(self) -> Any:
         if not _STREAM_NAME.fullmatch(self.stream):

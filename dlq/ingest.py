@@ -40,7 +40,12 @@ from audit.actions import Actor, record
 from brokers import get_adapter
 from brokers.base import Address, BrokerAdapter
 from brokers.base import DeadLetter as Letter
-from brokers.nats_jetstream import NatsJetStreamAdapter, copy_address, copy_key
+from brokers.nats_jetstream import (
+    NatsCopyDrainSession,
+    NatsJetStreamAdapter,
+    copy_address,
+    copy_key,
+)
 from channels_registry.models import BrokerKind, Channel, installation_id
 from dlq import search, trends
 from dlq.fingerprint import normalize_error
@@ -365,9 +370,12 @@ def ingest_channel(
     """Drain the channel's dead-letter addresses (bounded); see the module docstring."""
     result = IngestResult(channel.slug)
     adapter = adapter_for(channel)
+    copies = False  # a NATS copy stream exists and was drained first: advisories may wait
     for address, source in drain_addresses(channel):
         adapter.prepare_drain(address)
         with adapter.drain(address) as session, search.BackgroundIndexer() as indexer:
+            if isinstance(session, NatsCopyDrainSession) and session.available:
+                copies = True
             wait_s = FETCH_WAIT_S
             fetched_before = result.fetched + result.deferred
             while result.batches < max_batches:
@@ -389,7 +397,7 @@ def ingest_channel(
                 ids: list[int] = []
                 # Left unacknowledged: handed back when the session closes, looked at again by
                 # the next run, once their copies have been drained.
-                waiting = _awaiting_copies(channel, letters)
+                waiting = _awaiting_copies(channel, letters) if copies else set()
                 letters = [t for t in letters if t.dedupe_key not in waiting]
                 result.deferred += len(waiting)
                 result.batches += 1
