@@ -218,6 +218,7 @@ def build_entry(channel: Channel, letter: Letter, source: str, now: dt.datetime)
     )
     document = render.parse_json(letter.body)
     is_parseable = _is_parseable(content_type, document)
+    found_in = source
     source = _routed_source(channel, source, is_parseable)
     visible_headers = redaction.redact_headers(headers, channel)
     t = _triage(channel, letter, headers, visible_headers, properties, document, source)
@@ -268,7 +269,12 @@ def build_entry(channel: Channel, letter: Letter, source: str, now: dt.datetime)
     }
     json_text["schema_error"] = t.schema_error_json
     json_text["job"] = t.job_json
-    print_ = fingerprint(channel.pk, t.reason, t.error_class, t.error_message, t.message_type)
+    # An entry classified poison although found in the DLQ never shares a group with the DLQ
+    # entries that failed the same way: a group is of one source.
+    rerouted = t.source if t.source != found_in else ""
+    print_ = fingerprint(
+        channel.pk, t.reason, t.error_class, t.error_message, t.message_type, rerouted=rerouted
+    )
     return Built(entry, print_, json_text)
 
 

@@ -300,3 +300,38 @@ def test_an_advisory_ingested_before_its_copy_waits_for_it(
     assert (second.inserted, second.duplicates) == (1, 1)  # the copy; the advisory it covers
     [entry] = DeadLetter.objects.filter(channel=channel)
     assert entry.error_class == "CustomerNotFound" and entry.dedupe_key.endswith(":copy")
+
+
+def test_a_group_is_of_one_source_when_nothing_names_the_cause(
+    streams: tuple[str, str, str],
+) -> None:
+    """Two messages terminated without any cause: one unparseable (classified poison by the
+    channel's poison-queue contract), one valid JSON (DLQ). Same reason, no error: they used
+    to share a group whose source flipped between Poison and DLQ."""
+    work = streams[0]
+    token = work.removeprefix("DLO_CAUSE_")
+    broker = make_broker(name="nats", kind=BrokerKind.NATS, url_env="DLO_BROKER_TEST_CAUSES_NATS")
+    channel = make_channel(
+        broker, address=work, address_group="workers", dlq_address="", poison_address="",
+        nats_advisory_capture=True, dlq_strategies=["ttl-with-backoff", "poison-queue"],
+    )  # fmt: skip
+    ingest.adapter_for(channel).prepare_drain(Address(work, "workers"))
+
+    async def terminate(nc: Any) -> None:
+        js = nc.jetstream()
+        for body in (b"\xff not json", b'{"customer": "c-1"}', b"{broken", b'{"customer": 2}'):
+            await js.publish(f"cause{token}.orders", body)
+        sub = await js.pull_subscribe_bind("workers", work)
+        for msg in await sub.fetch(4, timeout=2):
+            await msg.term()
+        await nc.flush()
+
+    _nats(terminate)
+    result = ingest.ingest_channel(channel)
+    result.add(ingest.ingest_channel(channel))
+
+    assert result.inserted == 4
+    by_group = collections.defaultdict(set)
+    for entry in DeadLetter.objects.filter(channel=channel):
+        by_group[entry.group_id].add(entry.source)
+    assert sorted(map(sorted, by_group.values())) == [[Source.DLQ], [Source.POISON]]
