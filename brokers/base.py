@@ -129,6 +129,9 @@ class ChannelStats:
     #: The highest delivery count among pending (delivered, unacked) messages, where the broker
     #: tells it cheaply (Redis: XPENDING of the oldest pending entries).
     max_deliveries: int | None = None
+    #: With ``exists=False``: what exactly is missing when the address is only partly there
+    #: ("stream 'orders' exists but has no consumer group 'workers'"); "" = nothing of it.
+    missing: str = ""
     observed_at: float = dataclasses.field(default_factory=time.time)
 
     def as_dict(self) -> dict[str, Any]:
@@ -193,11 +196,45 @@ class DeadLetter:
     broker_id: str
     redelivery_count: int | None = None
     reason: str | None = None
+    #: The application's error where the broker (not a header) carries it: a NATS ``term``
+    #: reason. It wins over the message's headers at ingest (those may be an earlier death's).
+    error_class: str | None = None
+    error_message: str | None = None
     first_death_queue: str | None = None
     first_death_exchange: str | None = None
     first_death_at: float | None = None
     dead_lettered_at: float | None = None
     death_history: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+
+
+@dataclasses.dataclass
+class RetryingMessage:
+    """One message waiting for its next attempt, as the broker shows it without consuming it.
+    ``None`` means the broker does not tell."""
+
+    broker_id: str
+    attempts: int | None = None  # deliveries so far
+    last_delivered_at: float | None = None  # epoch seconds
+    next_attempt_at: float | None = None  # epoch seconds, where the broker knows it
+    holder: str = ""  # the consumer holding it (Redis), if any
+
+
+@dataclasses.dataclass
+class RetryView:
+    """Messages of one channel waiting for a retry (the Sidekiq "Retry set" of a broker).
+
+    ``count`` is how many wait (``None``: the broker cannot tell; ``at_most`` then bounds it
+    where it can); ``messages`` the first of them the broker lists without consuming, oldest
+    first (empty with ``listable=False`` when it cannot list them at all); ``next_attempt_at``
+    the earliest known next attempt; ``notes`` say what the broker could not tell and why."""
+
+    count: int | None = None
+    at_most: int | None = None
+    redelivered: int | None = None
+    next_attempt_at: float | None = None
+    listable: bool = False
+    messages: list[RetryingMessage] = dataclasses.field(default_factory=list)
+    notes: list[str] = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass
@@ -323,6 +360,13 @@ class BrokerAdapter(abc.ABC):
         DLQ stream; NATS: the stream capturing MAX_DELIVERIES/TERMINATED advisories). The
         default does nothing (RabbitMQ's DLQ is a queue that keeps its messages)."""
         return None
+
+    def retries(self, address: Address, retry_address: str = "", limit: int = 50) -> RetryView:
+        """The messages of ``address`` waiting for a retry (``retry_address``: the declared
+        retry queue, where the broker keeps them apart). Bounded: one or two requests, at
+        most ``limit`` messages listed. Never consumes (no destructive peek); what the broker
+        cannot show without consuming is ``None`` with a note saying so."""
+        return RetryView(notes=[f"The {self.kind or 'broker'} adapter does not read retries."])
 
     @abc.abstractmethod
     def open_drain(self, address: Address) -> DrainSession:

@@ -72,6 +72,7 @@ from brokers.base import (
     PollResult,
     Publisher,
     PublishOutcome,
+    RetryView,
     Topology,
     json_safe_headers,
 )
@@ -84,6 +85,20 @@ DRAIN_SUFFIXES = ("_md", "_term")  # one drain consumer per advisory kind
 MAX_DELIVERIES_PREFIX = "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES"
 TERMINATED_PREFIX = "$JS.EVENT.ADVISORY.CONSUMER.MSG_TERMINATED"
 ADVISORY_SUBJECTS = [f"{MAX_DELIVERIES_PREFIX}.>", f"{TERMINATED_PREFIX}.>"]
+#: ``Address.group`` prefix of a *copy stream* drain: a stream of copies the application's
+#: consumer republished (its DLQ or poison stream), followed by the channel's own
+#: ``stream/consumer`` (``copy_address``). Not a consumer name (">" cannot be in one).
+COPY_GROUP = ">copies:"
+#: Headers by which a copy names the message it copies (JetStream's own RePublish names;
+#: ``Nats-Consumer``, optional, names the durable that gave it up).
+COPY_STREAM_HEADER, COPY_SEQUENCE_HEADER, COPY_SUBJECT_HEADER, COPY_CONSUMER_HEADER = (
+    "Nats-Stream",
+    "Nats-Sequence",
+    "Nats-Subject",
+    "Nats-Consumer",
+)
+# ``term`` reasons shaped like ``CustomerNotFound: customer c-7 does not exist``.
+_CLASS_PREFIX = re.compile(r"^([A-Za-z_][\w.$:]{0,199}?)\s*:\s+(.+)$", re.DOTALL)
 LIST_PAGE = 256  # JetStream's page size for STREAM.LIST / CONSUMER.LIST
 JSZ_PAGE = 1024  # accounts per /jsz page (the server's default limit)
 PUBLISH_WINDOW = 256
@@ -258,6 +273,7 @@ def _stats(
         return sample
     if consumer is None:
         sample.exists = False
+        sample.missing = f"stream {address.name!r} exists but has no consumer {address.group!r}"
         return sample
     config = consumer.get("config") or {}
     delivered = consumer.get("delivered") or {}
@@ -776,12 +792,46 @@ class NatsJetStreamAdapter(BrokerAdapter):
             raise nats.js.errors.APIError.from_error(created["error"])
 
     def prepare_drain(self, address: Address) -> None:
+        if address.group.startswith(COPY_GROUP):
+            return  # the application's stream; the drain consumer is created on open
+
         async def work(nc: NATS) -> None:
             await self._ensure_advisory_stream(_Api(nc, self.timeout, 1))
 
         _run_once(self._with_connection(work, f"prepare_drain {address}"))
 
+    def retries(self, address: Address, retry_address: str = "", limit: int = 50) -> RetryView:
+        """What the durable's info tells (one CONSUMER.INFO): how many are delivered and not
+        acknowledged, how many were redelivered. JetStream lists neither the messages nak'ed
+        with a delay nor their redelivery times without consuming them."""
+        if not address.group or not _STREAM_NAME.fullmatch(address.name):
+            return RetryView(notes=["No durable consumer is declared: nothing is pending."])
+
+        async def work(nc: NATS) -> dict[str, Any]:
+            return await _Api(nc, self.timeout, 1).request(
+                f"CONSUMER.INFO.{address.name}.{address.group}"
+            )
+
+        info = _run_once(self._with_connection(work, f"retries {address}"))
+        if _not_found(info):
+            return RetryView(notes=[f"Stream {address.name!r} has no consumer {address.group!r}."])
+        if "error" in info:
+            raise BrokerError(f"nats retries {address}: {info['error'].get('description')}")
+        return RetryView(
+            at_most=_int_or_none(info.get("num_ack_pending")),
+            redelivered=_int_or_none(info.get("num_redelivered")),
+            listable=False,
+            notes=[
+                "At most the consumer's ack-pending messages wait for a retry: JetStream counts "
+                "a message being processed and one nak'ed with a delay alike.",
+                "JetStream cannot list pending messages or their redelivery times without "
+                "consuming them: the list and the next attempt times are unknown.",
+            ],
+        )
+
     def open_drain(self, address: Address) -> DrainSession:
+        if address.group.startswith(COPY_GROUP):
+            return NatsCopyDrainSession(self, address)
         return NatsDrainSession(self, address)
 
     def open_publisher(self, target: Address) -> Publisher:
@@ -994,11 +1044,13 @@ class NatsDrainSession(_LoopSession, DrainSession):
                 broker_id=f"{ADVISORY_STREAM}:{advisory_seq}",
                 reason="unparseable advisory (body is the advisory itself)",
             )
+        error_class = error_message = None
         if msg.subject.startswith(MAX_DELIVERIES_PREFIX):
             reason = "max_deliveries"
         else:
-            detail = advisory.get("reason")
-            reason = f"terminated: {detail}" if detail else "terminated"
+            # NATS 2.10+ carries the consumer's ``term`` reason: the application's error.
+            reason = "terminated"
+            error_class, error_message = split_term_reason(advisory.get("reason"))
         body, headers, original_subject = b"", {}, None
         response = await api.request(f"STREAM.MSG.GET.{stream}", {"seq": stream_seq})
         if "error" in response:
@@ -1034,6 +1086,8 @@ class NatsDrainSession(_LoopSession, DrainSession):
             broker_id=f"{stream}:{stream_seq}",
             redelivery_count=_int_or_none(advisory.get("deliveries")),
             reason=reason,
+            error_class=error_class,
+            error_message=error_message,
             first_death_queue=advisory.get("consumer"),
             dead_lettered_at=_parse_ts(advisory.get("timestamp")),
         )
@@ -1074,6 +1128,219 @@ class NatsDrainSession(_LoopSession, DrainSession):
         self._close_session(hand_back)
 
 
+def split_term_reason(reason: Any) -> tuple[str | None, str | None]:
+    """A ``term`` reason as (error class, error message): ``"CustomerNotFound: customer c-7
+    does not exist"`` names its class; any other text is the message alone."""
+    if not isinstance(reason, str) or not reason.strip():
+        return None, None
+    text = reason.strip()
+    match = _CLASS_PREFIX.match(text)
+    if match and not match.group(1).endswith(":"):
+        return match.group(1), match.group(2).strip()
+    return None, text
+
+
+def copy_key(stream: str, stream_seq: int) -> str:
+    """The identity of a copy that names its original (``Nats-Stream`` + ``Nats-Sequence``):
+    one copy per stored message. Ingest looks it up to skip that message's advisory."""
+    key = f"nats:{stream}:{stream_seq}:copy"
+    return key if len(key) <= 200 else "nats:" + hashlib.sha256(key.encode()).hexdigest()
+
+
+def copy_address(copy_stream: str, owner: Address) -> Address:
+    """The drain address of ``copy_stream`` for the channel at ``owner`` (stream/consumer)."""
+    return Address(copy_stream, f"{COPY_GROUP}{owner.name}/{owner.group}")
+
+
+def copy_consumer_name(copy_stream: str, owner: Address, installation: str = "") -> str:
+    """The durable that drains a copy stream for one channel of this installation: several
+    channels may share one DLQ stream, and each must see every copy (it keeps its own)."""
+    prefix = f"dlo_{installation}_copies" if installation else "dlo_copies"
+    name = f"{prefix}_{owner.name}_{owner.group or 'all'}"
+    if not re.fullmatch(r"[A-Za-z0-9_-]+", name) or len(name) > 120:
+        digest = hashlib.sha256(f"{installation}:{copy_stream}:{owner}".encode()).hexdigest()
+        name = f"{prefix}_{digest[:32]}" if len(prefix) < 80 else "dlo_" + digest[:32]
+    return name
+
+
+class NatsCopyDrainSession(_LoopSession, DrainSession):
+    """A stream of copies the application's consumer republished when it gave a message up
+    (the channel's DLQ or poison stream): each message is one dead letter, and its headers
+    carry the cause (``x-error-class``, ``reason`` …), as on RabbitMQ and Redis.
+
+    Read through this installation's durable pull consumer on that stream, acknowledged only
+    after the store committed. Never destructive: on a limits stream an ack removes nothing
+    (the stream's own limits bound it). A stream that does not exist yet is an empty drain
+    (the poll reports the missing address). Identity: a copy naming its original is
+    ``copy_key(stream, seq)``; any other copy is ``nats:<copy stream>:<seq>:copy``."""
+
+    def __init__(self, adapter: NatsJetStreamAdapter, address: Address) -> None:
+        self.stream = address.name
+        owner_stream, _, owner_consumer = address.group.removeprefix(COPY_GROUP).partition("/")
+        self.owner = Address(owner_stream, owner_consumer)
+        self.durable = copy_consumer_name(self.stream, self.owner, adapter.installation_id)
+        self._outstanding: dict[int, Msg] = {}
+        super().__init__(adapter)
+        try:
+            self.sub = self._call(self._bind())
+        except BaseException as exc:
+            self._close_session()
+            raise _broker_error(exc, f"open_drain {self.stream} (copies)") from None
+        #: Whether the copy stream exists (else this drain is empty).
+        self.available = self.sub is not None
+
+    async def _bind(self) -> Any:
+        if not _STREAM_NAME.fullmatch(self.stream):
+            return None  # no stream can have this name ("orders.dlq"): nothing to drain
+        api = _Api(self.nc, self.timeout, 1)
+        info = await api.request(f"CONSUMER.INFO.{self.stream}.{self.durable}")
+        if _not_found(info):
+            stream = await api.request(f"STREAM.INFO.{self.stream}")
+            if _not_found(stream):
+                return None
+            config = ConsumerConfig(
+                durable_name=self.durable,
+                deliver_policy=DeliverPolicy.ALL,
+                ack_policy=AckPolicy.EXPLICIT,
+                ack_wait=self.adapter.drain_ack_wait_s,
+                max_ack_pending=self.adapter.drain_max_ack_pending,
+                max_deliver=-1,
+                description=f"Dead Letter Office ingest of the copies in {self.stream}",
+            )
+            await self.nc.jetstream(timeout=self.timeout).add_consumer(self.stream, config)
+        elif "error" in info:
+            raise nats.js.errors.APIError.from_error(info["error"])
+        js = self.nc.jetstream(timeout=self.timeout)
+        return await js.pull_subscribe_bind(self.durable, self.stream)
+
+    def waiting(self) -> int | None:
+        if self.sub is None:
+            return 0
+
+        async def count() -> int | None:
+            info = await _Api(self.nc, self.timeout, 1).request(
+                f"CONSUMER.INFO.{self.stream}.{self.durable}"
+            )
+            if "error" in info:
+                return None
+            return int(info.get("num_pending") or 0) + int(info.get("num_ack_pending") or 0)
+
+        try:
+            return self._call(count())
+        except Exception as exc:
+            raise _broker_error(exc, f"waiting {self.stream}") from None
+
+    def fetch(self, max_batch: int, wait_s: float) -> list[DeadLetter]:
+        if self.sub is None:
+            return []
+
+        async def pull() -> list[Msg]:
+            try:
+                msgs: list[Msg] = await self.sub.fetch(max(1, max_batch), timeout=max(wait_s, 0.2))
+            except TimeoutError:
+                return []
+            return msgs
+
+        try:
+            msgs = self._call(pull())
+        except Exception as exc:
+            raise _broker_error(exc, f"fetch {self.stream} (copies)") from None
+        letters = [self._letter(msg) for msg in msgs]
+        # A copy naming another stream (or consumer) belongs to another channel sharing this
+        # DLQ stream, which has its own durable: acknowledged on ours and passed over.
+        foreign = [t for t in letters if not self._ours(t)]
+        if foreign:
+            self.ack(foreign)
+        skipped = {id(t) for t in foreign}
+        mine = [t for t in letters if id(t) not in skipped]
+        for letter in mine:
+            self._outstanding[id(letter.token)] = letter.token
+        return mine
+
+    def _ours(self, letter: DeadLetter) -> bool:
+        stream = letter.properties.get("stream")
+        consumer = letter.properties.get("consumer")
+        if stream is not None and stream != self.owner.name:
+            return False
+        return consumer is None or not self.owner.group or consumer == self.owner.group
+
+    def _letter(self, msg: Msg) -> DeadLetter:
+        seq = msg.metadata.sequence.stream
+        raw = dict(msg.headers or {})
+        headers = json_safe_headers(raw)
+        lowered = {str(k).lower(): v for k, v in raw.items()}
+        original = lowered.get(COPY_STREAM_HEADER.lower())
+        original_seq = _int_or_none(_maybe_int(lowered.get(COPY_SEQUENCE_HEADER.lower())))
+        properties: dict[str, Any] = {"copy_stream": self.stream, "copy_seq": seq}
+        consumer = lowered.get(COPY_CONSUMER_HEADER.lower())
+        if isinstance(consumer, str) and consumer:
+            properties["consumer"] = consumer
+        if isinstance(original, str) and original and original_seq is not None:
+            key = copy_key(original, original_seq)
+            properties.update(stream=original, stream_seq=original_seq)
+            subject = lowered.get(COPY_SUBJECT_HEADER.lower())
+            if isinstance(subject, str) and subject:
+                properties["subject"] = subject  # where a replay goes (see dlq.relay_publish)
+        else:
+            key = f"nats:{self.stream}:{seq}:copy"
+            if len(key) > 200:
+                key = "nats:" + hashlib.sha256(key.encode()).hexdigest()
+        reason = lowered.get("reason") or lowered.get("x-first-death-reason")
+        stamp = msg.metadata.timestamp
+        return DeadLetter(
+            dedupe_key=key
+            if len(key) <= 200
+            else "nats:" + hashlib.sha256(key.encode()).hexdigest(),
+            body=bytes(msg.data),
+            headers=headers,
+            properties=properties,
+            token=msg,
+            broker_id=f"{self.stream}:{seq}",
+            reason=reason if isinstance(reason, str) else None,
+            first_death_queue=original if isinstance(original, str) else None,
+            dead_lettered_at=stamp.timestamp() if stamp is not None else None,
+        )
+
+    def ack(self, letters: Sequence[DeadLetter]) -> None:
+        msgs = [letter.token for letter in letters]
+
+        async def ack_all() -> None:
+            await asyncio.gather(*(m.ack_sync(timeout=self.timeout) for m in msgs))
+
+        try:
+            self._call(ack_all())
+        except Exception as exc:
+            raise _broker_error(exc, f"ack {self.stream} (copies)") from None
+        for msg in msgs:
+            self._outstanding.pop(id(msg), None)
+
+    def close(self) -> None:
+        pending = list(self._outstanding.values())
+        self._outstanding.clear()
+
+        async def hand_back() -> None:
+            await asyncio.gather(*(m.nak() for m in pending), return_exceptions=True)
+            await self.nc.flush(timeout=max(1, round(self.timeout)))
+
+        self._close_session(hand_back)
+
+
+def _maybe_int(value: Any) -> Any:
+    if isinstance(value, str) and value.strip().isdigit():
+        return int(value.strip())
+    return value
+
+
+def _jetstream_down(exc: BaseException, what: str) -> BrokerError:
+    """JetStream not answering on a live connection (no responders, timeout): an outage."""
+    if isinstance(exc, nats.errors.NoRespondersError | nats.errors.TimeoutError | TimeoutError):
+        return BrokerError(
+            f"nats {what}: JetStream does not answer (not ready, or not enabled)",
+            connection_lost=True,
+        )
+    return _broker_error(exc, what)
+
+
 def _header_text(value: Any) -> str:
     return value if isinstance(value, str) else json.dumps(value, default=repr)
 
@@ -1085,6 +1352,34 @@ class NatsPublisher(_LoopSession, Publisher):
         self.subject = target.name
         super().__init__(adapter)
         self.js = self.nc.jetstream(timeout=self.timeout)
+        # A server accepts connections before JetStream is ready (or without it): that is an
+        # outage of the target, not something the messages did. Ask JetStream once, so that
+        # opening (and the relay's probe, which opens) fails until it answers.
+        try:
+            self._call(self._jetstream_answers())
+        except BaseException:
+            self._close_session()
+            raise
+
+    async def _jetstream_answers(self) -> None:
+        try:
+            await _Api(self.nc, self.timeout, 1).request("INFO")
+        except Exception as exc:
+            raise _jetstream_down(exc, f"publish {self.subject}") from None
+
+    async def _refusal_or_outage(self) -> str | None:
+        """After "no responders" on a publish: the reason to refuse the message when JetStream
+        answers and no stream captures the subject, else None (JetStream is not ready, or the
+        capturing stream did not answer: an outage)."""
+        try:
+            names = await _Api(self.nc, self.timeout, 1).request(
+                "STREAM.NAMES", {"subject": self.subject}
+            )
+        except Exception:
+            return None
+        if "error" in names or (_int_or_none(names.get("total")) or 0) > 0:
+            return None
+        return f"no responders: no stream captures subject {self.subject!r}"
 
     def publish(self, messages: Sequence[OutgoingMessage]) -> list[PublishOutcome]:
         async def publish_all() -> list[PublishOutcome]:
@@ -1103,8 +1398,12 @@ class NatsPublisher(_LoopSession, Publisher):
             if not _HEADER_NAME.match(key) or "\r" in value or "\n" in value:
                 return f"header {key!r} cannot be carried by NATS (name or CR/LF in value)"
         replay_id = headers.get("x-dlq-replay-id")
-        if replay_id:
+        own_id = any(k.lower() == "nats-msg-id" for k in headers)
+        if replay_id and not own_id:
             headers["Nats-Msg-Id"] = replay_id  # server-side dedup within duplicate_window
+        # A client's own Nats-Msg-Id is kept (docs/identity.md): a consumer deduplicating on it
+        # sees the message it knows; the server then drops a replay landing within the
+        # stream's duplicate_window of the original publish as a duplicate (reported).
         return headers
 
     async def _one(self, message: OutgoingMessage) -> PublishOutcome:
@@ -1118,12 +1417,15 @@ class NatsPublisher(_LoopSession, Publisher):
                 self.subject, message.body, timeout=self.timeout, headers=headers or None
             )
         except nats.js.errors.NoStreamResponseError:
+            refusal = await self._refusal_or_outage()
+            if refusal is None:
+                return PublishOutcome.lost(
+                    message.key,
+                    f"nats publish {self.subject}: no responders and JetStream does not "
+                    "answer for the subject (not ready, or its stream is unavailable)",
+                )
             return PublishOutcome(
-                key=message.key,
-                confirmed=False,
-                reason=f"no responders: no stream captures subject {self.subject!r}",
-                permanent=True,
-                refused=True,
+                key=message.key, confirmed=False, reason=refusal, permanent=True, refused=True
             )
         except Exception as exc:
             error = _broker_error(exc, f"publish {self.subject}")
@@ -1135,6 +1437,17 @@ class NatsPublisher(_LoopSession, Publisher):
                 # An API error is the server's answer (e.g. a stream limit); the rest is doubt.
                 refused=isinstance(exc, nats.js.errors.APIError),
                 connection_lost=error.connection_lost,
+            )
+        if ack.duplicate and headers.get("Nats-Msg-Id") != headers.get("x-dlq-replay-id"):
+            # The client's own id is still within the stream's duplicate_window (the original
+            # publish, or a copy of this replay): the server dropped it. Not delivered: retry
+            # after the window rather than call a dropped message replayed.
+            return PublishOutcome(
+                key=message.key,
+                confirmed=False,
+                reason="dropped as a duplicate: the stream's duplicate_window still holds "
+                "this Nats-Msg-Id",
+                refused=True,
             )
         return PublishOutcome(
             key=message.key,

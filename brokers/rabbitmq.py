@@ -28,6 +28,7 @@ import contextlib
 import datetime as dt
 import hashlib
 import json
+import logging
 import threading
 import time
 import urllib.parse
@@ -54,9 +55,25 @@ from brokers.base import (
     PollResult,
     Publisher,
     PublishOutcome,
+    RetryView,
     Topology,
     json_safe_headers,
 )
+
+log = logging.getLogger(__name__)
+
+
+class _QuietNotFound(logging.Filter):
+    """pika logs every ``404 NOT_FOUND`` channel close as a warning, with the connection's repr.
+    A missing queue is the adapter's to report (``exists=False``, or a ``BrokerError``), once,
+    in its own words; the pika line is dropped."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return not ("(404)" in message and "NOT_FOUND" in message)
+
+
+logging.getLogger("pika.channel").addFilter(_QuietNotFound())
 
 PAGE_SIZE = 500  # the management API's maximum page size
 PUBLISH_WINDOW = 2_000  # outstanding (unconfirmed) publishes per publisher
@@ -338,6 +355,10 @@ class RabbitMQAdapter(BrokerAdapter):
     ) -> tuple[dict[Address, ChannelStats], int, list[str]]:
         declared, trips = self._passive_declare_all(addresses)
         stats: dict[Address, ChannelStats] = {}
+        missing = [str(a) for a, (ok, frame, _at) in declared.items() if not ok or frame is None]
+        if missing:
+            shown = ", ".join(repr(m) for m in missing[:5]) + (" …" if len(missing) > 5 else "")
+            log.info("rabbitmq: %d queue(s) do not exist: %s", len(missing), shown)
         for address, (ok, frame, at) in declared.items():
             if not ok or frame is None:
                 stats[address] = ChannelStats(address, exists=False, observed_at=at)
@@ -414,6 +435,31 @@ class RabbitMQAdapter(BrokerAdapter):
         return by_queue
 
     # -- drain / publish -----------------------------------------------------------------
+
+    def retries(self, address: Address, retry_address: str = "", limit: int = 50) -> RetryView:
+        """The declared TTL retry queue's depth (one passive declare). RabbitMQ cannot show a
+        queue's messages without taking them off it, so nothing is listed."""
+        if not retry_address:
+            return RetryView(
+                notes=[
+                    "No retry queue is declared: RabbitMQ itself only requeues at once or "
+                    "dead-letters. Declare the TTL retry (delay) queue as the retry address."
+                ]
+            )
+        declared, _trips = self._passive_declare_all([Address(retry_address)])
+        ok, frame, _at = declared[Address(retry_address)]
+        if not ok or frame is None:
+            return RetryView(notes=[f"The retry queue {retry_address!r} does not exist."])
+        return RetryView(
+            count=int(frame.message_count),
+            listable=False,
+            notes=[
+                f"Messages waiting in the retry queue {retry_address!r}; each goes back to "
+                "the work queue when its TTL expires.",
+                "RabbitMQ cannot show the messages of a queue, nor their expiry times, without "
+                "taking them off it: the list and the next attempt times are unknown.",
+            ],
+        )
 
     def open_drain(self, address: Address) -> DrainSession:
         return RabbitMQDrainSession(self, address)

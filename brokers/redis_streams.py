@@ -62,6 +62,8 @@ from brokers.base import (
     PollResult,
     Publisher,
     PublishOutcome,
+    RetryingMessage,
+    RetryView,
     Topology,
     json_safe_headers,
 )
@@ -160,6 +162,9 @@ def _stats_from_info(
         group = next((g for g in groups if _text(g.get("name")) == address.group), None)
     if group is None:
         stats.exists = False
+        stats.missing = (
+            f"stream {address.name!r} exists but has no consumer group {address.group!r}"
+        )
         return stats, False
     lag = _int_or_none(group.get("lag"))  # nil after XDEL/XTRIM inside the group's range
     pending = _int_or_none(group.get("pending"))
@@ -411,6 +416,52 @@ class RedisStreamsAdapter(BrokerAdapter):
             )
         return topologies
 
+    def retries(self, address: Address, retry_address: str = "", limit: int = 50) -> RetryView:
+        """The group's pending entries (one pipeline: TIME, XINFO GROUPS, XPENDING of the
+        oldest ``limit``): each waits until a consumer claims it again."""
+        if not address.group:
+            return RetryView(notes=["No consumer group is declared: nothing is pending."])
+        client = self._client()
+        try:
+            pipe = client.pipeline(transaction=False)
+            pipe.time()
+            pipe.xinfo_groups(address.name)
+            pipe.xpending_range(address.name, address.group, min="-", max="+", count=limit)
+            clock, groups, pending = pipe.execute(raise_on_error=False)
+        except (rexc.RedisError, OSError) as exc:
+            raise _broker_error(exc, f"retries {address}") from None
+        finally:
+            client.close()
+        for result in (clock, groups, pending):
+            if isinstance(result, rexc.ResponseError) and (
+                "no such key" in str(result).lower() or "NOGROUP" in str(result)
+            ):
+                return RetryView(
+                    notes=[f"Stream {address.name!r} or its group {address.group!r} is missing."]
+                )
+            if isinstance(result, Exception):
+                raise _broker_error(result, f"retries {address}")
+        now_ms = int(clock[0]) * 1000 + int(clock[1]) // 1000
+        group = next((g for g in groups if _text(g.get("name")) == address.group), None)
+        count = _int_or_none(group.get("pending")) if group else None
+        messages = [
+            RetryingMessage(
+                broker_id=_text(row["message_id"]),
+                attempts=int(row["times_delivered"]),
+                last_delivered_at=(now_ms - int(row["time_since_delivered"])) / 1000.0,
+                holder=_text(row["consumer"]),
+            )
+            for row in pending[:limit]
+        ]
+        notes = [
+            "Pending entries: delivered and not acknowledged, in processing or left for a "
+            "retry. Redis keeps no retry time: an entry is tried again when a consumer claims "
+            "it (XCLAIM/XAUTOCLAIM) once it has been idle longer than the ack timeout."
+        ]
+        if count is not None and count > len(messages):
+            notes.append(f"The oldest {len(messages)} of {count} are listed.")
+        return RetryView(count=count, listable=True, messages=messages, notes=notes)
+
     def prepare_drain(self, address: Address) -> None:
         client = self._client()
         try:
@@ -641,6 +692,10 @@ DEFAULT_METADATA_FIELDS = (
     "dead_lettered_at",
     "x-error-*",
     "x-dlq-*",
+    # What reapers add about the entry they moved (its id and count there): metadata, never
+    # replayed into the message (docs/identity.md).
+    "x-original-id",
+    "x-delivery-count",
 )
 _REASON_FIELDS = ("reason", "x-error-reason", "error", "x-error", "x-error-message")
 _COUNT_FIELDS = ("delivery_count", "x-error-delivery-count", "x-delivery-count", "times_delivered")

@@ -176,6 +176,7 @@ class ChannelAdmin(VisibleTextAdmin):
                     "backoff_jitter",
                     "max_in_flight",
                     "ack_timeout_s",
+                    "retry_address",
                 ]
             },
         ),

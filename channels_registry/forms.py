@@ -95,6 +95,7 @@ CHANNEL_FORM_FIELDS = [
     "backoff_jitter",
     "max_in_flight",
     "ack_timeout_s",
+    "retry_address",
     "dlq_strategies",
     "dlq_address",
     "poison_address",

@@ -372,6 +372,14 @@ class Channel(models.Model):
     backoff_factor = models.FloatField(null=True, blank=True)
     backoff_cap_s = models.FloatField("backoff cap (s)", null=True, blank=True)
     backoff_jitter = models.BooleanField(default=False)
+    # Where messages wait for their next attempt, when that is an address of its own.
+    retry_address = models.CharField(
+        "retry address",
+        max_length=255,
+        blank=True,
+        help_text="RabbitMQ: the TTL retry (delay) queue whose expired messages go back to "
+        "the work queue. Redis and NATS keep retries pending on the channel itself.",
+    )
     max_in_flight = models.PositiveIntegerField("max unacked / prefetch", null=True, blank=True)
     ack_timeout_s = models.PositiveIntegerField(
         "ack / processing timeout (s)",
@@ -559,7 +567,7 @@ class Channel(models.Model):
             and self.backoff_cap_s < self.backoff_base_s
         ):
             errors["backoff_cap_s"] = "The cap must be at least the base delay."
-        for name in ("dlq_address", "poison_address"):
+        for name in ("dlq_address", "poison_address", "retry_address"):
             if getattr(self, name) and getattr(self, name) == self.address:
                 errors[name] = "Must differ from the channel's own address."
         if self.message_type_source == MessageTypeSource.JSON_PATH and not (

@@ -16,8 +16,9 @@ A broker that fails marks every channel STALE (never OK) and writes stale sample
 
 ``poll_brokers`` runs step 2 for many brokers at once on a bounded pool of threads (steps 1
 and 3 stay on the caller's thread, which is the only one touching the database), so one hung
-broker never delays another broker's sample. The scheduler task, ``poll --once`` and the
-long-running ``poll`` all go through it.
+broker never delays another broker's sample within a round; the scheduler task and
+``poll --once`` go through it. The long-running ``poll`` uses ``PollScheduler``: no rounds,
+each broker on its own due time, so a hung broker never delays a healthy one's next poll.
 """
 
 from __future__ import annotations
@@ -347,6 +348,58 @@ def poll_brokers(
     return [outcomes[b] for b in broker_ids if b in outcomes]
 
 
+class PollScheduler:
+    """The long-running ``poll``: every broker on its own due time (``next_due_at``).
+
+    ``poll_brokers`` polls a *round* and returns when its slowest broker does, so a hung
+    broker held every other broker's next round for its whole timeout. Here each ``step``:
+
+    1. stores every broker call that has returned (this thread; the database is touched only
+       here), reporting each outcome;
+    2. claims and starts every broker that is due and not still running, on a bounded pool
+       (``DLO_POLL_CONCURRENCY`` threads; a hung broker keeps one thread until its timeout);
+    3. waits at most ``tick_s`` for the next call to return.
+
+    A broker still running when it falls due again is not started twice (its lease would
+    refuse it anyway): it is polled again after it returns and falls due.
+    """
+
+    def __init__(self, *, name: str | None = None, tick_s: float = 1.0) -> None:
+        self.name = name
+        self.tick_s = tick_s
+        workers = max(1, int(settings.DLO_POLL_CONCURRENCY))
+        self.pool = concurrent.futures.ThreadPoolExecutor(workers, "dlo-poll")
+        self.running: dict[concurrent.futures.Future[_Poll], int] = {}
+
+    def step(self, on_outcome: Callable[[PollOutcome], None] | None = None) -> float:
+        """One pass (class docstring); returns the wait before the next (0: it waited)."""
+        report = on_outcome or (lambda _outcome: None)
+        # 1. Store what returned.
+        for future in [f for f in self.running if f.done()]:
+            del self.running[future]
+            report(_finish(future.result()))
+        # 2. Start what is due and not running.
+        busy = set(self.running.values())
+        for broker_id in due_brokers(timezone.now(), name=self.name, skip=busy):
+            started = _begin(broker_id, force=False)
+            if isinstance(started, PollOutcome):
+                report(started)
+            else:
+                self.running[self.pool.submit(_call_broker, started)] = broker_id
+        # 3. Wait for the next call to return (or the next tick).
+        if self.running:
+            concurrent.futures.wait(
+                list(self.running), timeout=self.tick_s, return_when="FIRST_COMPLETED"
+            )
+            return 0.0
+        return self.tick_s
+
+    def close(self) -> None:
+        """Stop starting calls; calls in flight end within their timeout, unstored (their
+        leases expire; the next poller polls those brokers)."""
+        self.pool.shutdown(wait=False, cancel_futures=True)
+
+
 @transaction.atomic
 def _store(
     broker: Broker,
@@ -450,6 +503,11 @@ def _store_sample(
         stale_after_s=stale_after_s(broker),
         unresolved=stored,
     )
+    missing = result.stats.get(addresses.main)
+    if missing is not None and not missing.exists and missing.missing:
+        # Say what exactly is missing (a group, a consumer), not "the address does not exist".
+        text = missing.missing[0].upper() + missing.missing[1:] + "."
+        assessment.evidence = [text if "does not exist" in e else e for e in assessment.evidence]
     row.window = [p.as_list() for p in window]
     for name, value in kept.items():
         setattr(row, name, value)
@@ -641,7 +699,7 @@ def _sample(
         channel=channel,
         taken_at=now,
         exists=None if stats is None else stats.exists,
-        error="" if stats is not None else "address missing from the broker's answer",
+        error=stats.missing[:500] if stats else "address missing from the broker's answer",
         **{name: getattr(s, name) if s else None for name in STATS_FIELDS},
         dlq_depth=dlq_depth,
         dlq_oldest_age_s=dlq_age,
@@ -675,12 +733,14 @@ def _topology_dict(topology: Topology) -> dict[str, Any]:
     return data
 
 
-def due_brokers(now: dt.datetime, *, name: str | None = None) -> list[int]:
-    """Brokers whose next poll is due (only the one called ``name``, if given), claimed for
-    scheduling by a conditional UPDATE of ``next_due_at`` so that two schedulers do not
-    enqueue the same broker twice."""
+def due_brokers(
+    now: dt.datetime, *, name: str | None = None, skip: set[int] | frozenset[int] = frozenset()
+) -> list[int]:
+    """Brokers whose next poll is due (only the one called ``name``, if given; never those in
+    ``skip``, still running), claimed for scheduling by a conditional UPDATE of
+    ``next_due_at`` so that two schedulers do not enqueue the same broker twice."""
     due: list[int] = []
-    brokers = Broker.objects.filter(enabled=True)
+    brokers = Broker.objects.filter(enabled=True).exclude(pk__in=skip)
     if name:
         brokers = brokers.filter(name=name)
     for broker in brokers.only("pk", "poll_interval_s"):

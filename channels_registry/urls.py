@@ -9,4 +9,5 @@ urlpatterns = [
     path("import/", import_views.registry_import, name="registry_import"),
     path("principles/", views.principles, name="principles"),
     path("<slug:slug>/", views.channel_detail, name="channel_detail"),
+    path("<slug:slug>/retries/", views.channel_retries, name="channel_retries"),
 ]

@@ -15,6 +15,7 @@ from channels_registry.access import channels_for_user, get_channel_for_user
 from channels_registry.charts import channel_charts
 from channels_registry.models import Broker, Channel
 from channels_registry.principles import PRINCIPLES, SEED_DEFAULTS
+from channels_registry.retries import read_retries
 from dashboard.http import HtmxHttpRequest
 
 
@@ -72,6 +73,18 @@ def channel_detail(request: HtmxHttpRequest, slug: str) -> HttpResponse:
         **live_health_context(channel, request.GET.get("range", "1h")),
     }
     return render(request, "channels_registry/channel_detail.html", context)
+
+
+@require_GET
+def channel_retries(request: HtmxHttpRequest, slug: str) -> HttpResponse:
+    """Messages waiting to retry, read from the broker now (one bounded call); the channel
+    page loads it into its section with htmx, the plain link shows it as a page."""
+    channel = get_channel_for_user(request, slug)
+    context = {"channel": channel, "retries": read_retries(channel)}
+    template = "channels_registry/channel_retries.html"
+    if request.htmx:
+        template += "#retries"
+    return render(request, template, context)
 
 
 def live_health_context(channel: Channel, range_key: str) -> dict[str, Any]:

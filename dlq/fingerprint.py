@@ -38,12 +38,23 @@ def _normalize(text: str) -> str:
 
 
 def fingerprint(
-    channel_id: int, reason: str, error_class: str, error_message: str, message_type: str = ""
+    channel_id: int,
+    reason: str,
+    error_class: str,
+    error_message: str,
+    message_type: str = "",
+    *,
+    rerouted: str = "",
 ) -> str:
     """The group of one failure. The message type (job name) is part of it, so one task
-    failing does not hide among another's; entries without a type hash as before."""
+    failing does not hide among another's; entries without a type hash as before.
+    ``rerouted`` names the source an entry was classified into although found elsewhere (a
+    DLQ entry that is poison): such entries form their own groups, so a group is of one
+    source; the others hash as before."""
     parts = [str(channel_id), reason.strip().lower(), normalize_error(error_class)]
     parts.append(normalize_error(error_message))
     if message_type:
         parts.append(message_type.strip())
+    if rerouted:
+        parts.append(f"\x1erouted:{rerouted}")
     return hashlib.sha256("\x1f".join(parts).encode("utf-8", "replace")).hexdigest()

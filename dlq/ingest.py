@@ -40,7 +40,12 @@ from audit.actions import Actor, record
 from brokers import get_adapter
 from brokers.base import Address, BrokerAdapter
 from brokers.base import DeadLetter as Letter
-from brokers.nats_jetstream import NatsJetStreamAdapter
+from brokers.nats_jetstream import (
+    NatsCopyDrainSession,
+    NatsJetStreamAdapter,
+    copy_address,
+    copy_key,
+)
 from channels_registry.models import BrokerKind, Channel, installation_id
 from dlq import search, trends
 from dlq.fingerprint import normalize_error
@@ -56,6 +61,10 @@ from dlq.relay_publish import link_replayed_parents
 log = logging.getLogger(__name__)
 
 BATCH_SIZE = 500
+#: How long a NATS advisory waits for the consumer's copy of its message before it is stored
+#: on its own (``_awaiting_copies``): the copy is published first, but may reach the copy
+#: stream's drain after the advisory reached its own.
+COPY_WAIT_S = 60.0
 FETCH_WAIT_S = 1.0
 TOP_UP_WAIT_S = 0.05
 DRAINED_WAIT_S = 0.25
@@ -72,9 +81,12 @@ class IngestResult:
     #: Dead letters the broker said were waiting on a drain that fetched none (see
     #: ``DrainSession.waiting``): held by a crashed ingester, or a stuck drain.
     stalled: int = 0
+    #: NATS advisories left for a later run while their message's copy is awaited.
+    deferred: int = 0
 
     def add(self, other: IngestResult) -> None:
         self.stalled += other.stalled
+        self.deferred += other.deferred
         self.fetched += other.fetched
         self.inserted += other.inserted
         self.duplicates += other.duplicates
@@ -96,11 +108,20 @@ def drain_addresses(channel: Channel) -> list[tuple[Address, str]]:
     """The dead-letter addresses to drain and the source each feeds.
 
     RabbitMQ and Redis: the declared DLQ and poison queue/stream. NATS JetStream has no DLQ
-    queue: with ``nats_advisory_capture`` its dead letters are the advisories about the
-    channel's own stream and consumer (docs/identity.md).
+    queue: the declared DLQ / poison streams hold the copies the consumer republished, and
+    with ``nats_advisory_capture`` the advisories about the channel's own stream and consumer
+    are dead letters too (docs/identity.md).
     """
     addresses: list[tuple[Address, str]] = []
     if channel.broker.kind == BrokerKind.NATS:
+        # Copies first: the consumer publishes its copy before it gives the message up, so
+        # the copy (which carries the cause) is stored before that message's advisory, which
+        # store_batch then skips (see ``_covered_by_copies``).
+        own = Address(channel.address, channel.address_group)
+        if channel.dlq_address:
+            addresses.append((copy_address(channel.dlq_address, own), Source.DLQ))
+        if channel.poison_address:
+            addresses.append((copy_address(channel.poison_address, own), Source.POISON))
         if channel.nats_advisory_capture:
             addresses.append((Address(channel.address, channel.address_group), Source.DLQ))
         return addresses
@@ -128,7 +149,12 @@ def store_batch(
         # One ingester per channel at a time: the counts below rely on it.
         locked = Channel.objects.select_for_update().select_related("broker").get(pk=channel.pk)
         now = timezone.now()
-        built = [build_entry(locked, letter, source, now) for letter in letters]
+        covered = _covered_by_copies(locked, letters)
+        built = [
+            build_entry(locked, letter, source, now)
+            for letter in letters
+            if letter.dedupe_key not in covered
+        ]
         unique: dict[str, Built] = {}
         for b in built:
             unique.setdefault(b.entry.dedupe_key, b)
@@ -162,6 +188,54 @@ def store_batch(
     if stored_ids is not None:
         stored_ids.extend(stored.values())
     return inserted, duplicates
+
+
+def _copy_keys(channel: Channel, letters: Sequence[Letter]) -> dict[str, Letter]:
+    """The copy key (``copy_key``) of each NATS advisory letter, on a channel that declares
+    DLQ / poison copy streams; empty elsewhere."""
+    if channel.broker.kind != BrokerKind.NATS or not (
+        channel.dlq_address or channel.poison_address
+    ):
+        return {}
+    keys: dict[str, Letter] = {}
+    for letter in letters:
+        stream, seq = letter.properties.get("stream"), letter.properties.get("stream_seq")
+        advisory = letter.properties.get("advisory_id")
+        if advisory and isinstance(stream, str) and isinstance(seq, int):
+            keys[copy_key(stream, seq)] = letter
+    return keys
+
+
+def _stored_keys(keys: list[str]) -> set[str]:
+    if not keys:
+        return set()
+    table = DeadLetterKey if connection.vendor == "postgresql" else DeadLetter
+    return set(table.objects.filter(dedupe_key__in=keys).values_list("dedupe_key", flat=True))
+
+
+def _covered_by_copies(channel: Channel, letters: Sequence[Letter]) -> set[str]:
+    """NATS advisories whose message the consumer copied into a declared DLQ / poison stream
+    and whose copy is stored already (it names its original, ``copy_key``): the same death,
+    with its cause. Their dedupe keys, to be acknowledged without a second entry."""
+    keys = _copy_keys(channel, letters)
+    return {keys[key].dedupe_key for key in _stored_keys(list(keys))}
+
+
+def _awaiting_copies(channel: Channel, letters: Sequence[Letter]) -> set[str]:
+    """NATS advisories younger than ``COPY_WAIT_S`` whose copy is not stored yet: the consumer
+    publishes its copy before it gives the message up, but the copy's drain may not have
+    reached it. Their dedupe keys, left for the next run; older ones are stored alone (the
+    consumer made no copy, or one that names nothing)."""
+    keys = _copy_keys(channel, letters)
+    if not keys:
+        return set()
+    stored = _stored_keys(list(keys))
+    horizon = timezone.now().timestamp() - COPY_WAIT_S
+    return {
+        letter.dedupe_key
+        for key, letter in keys.items()
+        if key not in stored and (letter.dead_lettered_at or 0.0) > horizon
+    }
 
 
 def _insert_new(built: list[Built], now: dt.datetime) -> dict[str, int]:
@@ -296,15 +370,18 @@ def ingest_channel(
     """Drain the channel's dead-letter addresses (bounded); see the module docstring."""
     result = IngestResult(channel.slug)
     adapter = adapter_for(channel)
+    copies = False  # a NATS copy stream exists and was drained first: advisories may wait
     for address, source in drain_addresses(channel):
         adapter.prepare_drain(address)
         with adapter.drain(address) as session, search.BackgroundIndexer() as indexer:
+            if isinstance(session, NatsCopyDrainSession) and session.available:
+                copies = True
             wait_s = FETCH_WAIT_S
-            fetched_before = result.fetched
+            fetched_before = result.fetched + result.deferred
             while result.batches < max_batches:
                 letters = session.fetch(batch_size, wait_s)
                 if not letters:
-                    if result.fetched == fetched_before:
+                    if result.fetched + result.deferred == fetched_before:
                         # Nothing at all: does the broker say something is waiting?
                         result.stalled += session.waiting() or 0
                     break
@@ -318,6 +395,14 @@ def ingest_channel(
                         break
                     letters.extend(more)
                 ids: list[int] = []
+                # Left unacknowledged: handed back when the session closes, looked at again by
+                # the next run, once their copies have been drained.
+                waiting = _awaiting_copies(channel, letters) if copies else set()
+                letters = [t for t in letters if t.dedupe_key not in waiting]
+                result.deferred += len(waiting)
+                result.batches += 1
+                if not letters:
+                    continue
                 inserted, duplicates = store_batch(channel, letters, source, address, ids)
                 if _crash_after_commit_requested():
                     os._exit(137)
@@ -325,7 +410,6 @@ def ingest_channel(
                 # Off the commit-then-ack path: the text index follows the ack, on the
                 # indexer's own thread and connection (caught up by index_missing below).
                 indexer.submit(ids)
-                result.batches += 1
                 result.fetched += len(letters)
                 result.inserted += inserted
                 result.duplicates += duplicates

@@ -212,9 +212,13 @@ def build_entry(channel: Channel, letter: Letter, source: str, now: dt.datetime)
     headers, headers_json = _json_no_nul(letter.headers)
     properties, properties_json = _json_no_nul(letter.properties)
     death_history, death_history_json = _json_no_nul(list(letter.death_history))
-    content_type = _text(properties.get("content_type") or headers.get("content-type"), 200)
+    # Header names are case-insensitive (NATS clients send ``Content-Type``).
+    content_type = _text(
+        properties.get("content_type") or message.lowered(headers).get("content-type"), 200
+    )
     document = render.parse_json(letter.body)
     is_parseable = _is_parseable(content_type, document)
+    found_in = source
     source = _routed_source(channel, source, is_parseable)
     visible_headers = redaction.redact_headers(headers, channel)
     t = _triage(channel, letter, headers, visible_headers, properties, document, source)
@@ -265,7 +269,12 @@ def build_entry(channel: Channel, letter: Letter, source: str, now: dt.datetime)
     }
     json_text["schema_error"] = t.schema_error_json
     json_text["job"] = t.job_json
-    print_ = fingerprint(channel.pk, t.reason, t.error_class, t.error_message, t.message_type)
+    # An entry classified poison although found in the DLQ never shares a group with the DLQ
+    # entries that failed the same way: a group is of one source.
+    rerouted = t.source if t.source != found_in else ""
+    print_ = fingerprint(
+        channel.pk, t.reason, t.error_class, t.error_message, t.message_type, rerouted=rerouted
+    )
     return Built(entry, print_, json_text)
 
 
@@ -319,8 +328,22 @@ def _triage(
     lowered = message.lowered(headers)
     visible_lowered = lowered if visible_headers is headers else message.lowered(visible_headers)
     reason = _text(letter.reason or _first_header(lowered, ["reason", "x-first-death-reason"]), 100)
-    error_class = _text(_first_header(visible_lowered, ERROR_CLASS_HEADERS), 300)
-    error_message = _text(_first_header(visible_lowered, ERROR_MESSAGE_HEADERS), 10_000)
+    # The cause, first found wins: what the broker carried for this death (a NATS term
+    # reason), the headers (a DLQ copy's, or the message's own), the body fields the channel
+    # declares as error metadata.
+    body_metadata = _body_metadata(channel, document)
+    error_class = _text(
+        letter.error_class
+        or _first_header(visible_lowered, ERROR_CLASS_HEADERS)
+        or _first_header(body_metadata, ERROR_CLASS_HEADERS),
+        300,
+    )
+    error_message = _text(
+        letter.error_message
+        or _first_header(visible_lowered, ERROR_MESSAGE_HEADERS)
+        or _first_header(body_metadata, ERROR_MESSAGE_HEADERS),
+        10_000,
+    )
     # Job-aware triage: the type and what a known job client (Celery, Sidekiq) says.
     job = message.recognise_job(lowered, document)
     mtype = message.message_type(channel, lowered, document, job)
@@ -354,6 +377,25 @@ def _triage(
         source, reason, error_class, error_message, job, job_json, mtype, idem,
         schema_version, schema_error, schema_error_json,
     )  # fmt: skip
+
+
+def _body_metadata(channel: Channel, document: Any) -> dict[str, Any]:
+    """The body's top-level fields the channel declares as error metadata
+    (``entry_metadata_fields``; a trailing ``*`` matches a prefix), by lower-cased name, for
+    brokers whose messages carry their error in the body. Redis reads those names from the
+    entry's fields instead (``as_written``); a field the channel redacts is never read."""
+    declared = [str(f).lower() for f in channel.entry_metadata_fields or []]
+    if not declared or channel.broker.kind == BrokerKind.REDIS or not isinstance(document, dict):
+        return {}
+    redacted = {str(p).lower().removeprefix("$.") for p in channel.redact_json_paths or []}
+    found: dict[str, Any] = {}
+    for name, value in list(document.items())[:500]:
+        low = str(name).lower()
+        if low in redacted or isinstance(value, dict | list):
+            continue
+        if any(low == d or (d.endswith("*") and low.startswith(d[:-1])) for d in declared):
+            found[low] = value
+    return found
 
 
 def _body_view(channel: Channel, letter: Letter, document: Any) -> bytes | None:

@@ -18,9 +18,10 @@ from collections.abc import Sequence
 from types import TracebackType
 from typing import Any
 
-from django.db import connection, connections
+from django.db import DatabaseError, InterfaceError, connection, connections
 from django.db.models import Max
 
+from channels_registry.service import one_line
 from dlq.models import DeadLetter, SearchText
 
 log = logging.getLogger(__name__)
@@ -124,19 +125,53 @@ class BackgroundIndexer:
         self._thread.join(STOP_WAIT_S)
 
     def _run(self) -> None:
+        # A database outage is one clear line per outage (no chained tracebacks): the rows are
+        # committed, and ``index_missing`` indexes what this thread could not.
+        failing = False
         try:
-            # The index is derived data that index_missing rebuilds from the committed rows:
-            # its commits need not wait for the WAL flush (a crash loses at most the last
-            # few, which the catch-up after the next drain writes again).
-            with connection.cursor() as cursor:
-                cursor.execute("SET synchronous_commit = off")
             for _ in range(10**9):  # bounded: ends at the None sentinel
                 ids = self._queue.get()
                 if ids is None:
                     return
                 try:
+                    self._prepare()
                     self.indexed += index_entries(ids)
-                except Exception:
-                    log.warning("search indexing failed; the catch-up retries", exc_info=True)
+                except (DatabaseError, InterfaceError) as exc:
+                    if not failing:
+                        log.warning(
+                            "search indexer: database unavailable (%s); the catch-up indexes "
+                            "these entries later",
+                            one_line(exc),
+                        )
+                    failing = True
+                    _close_quietly()
+                    continue
+                except Exception as exc:  # a bug here must not end ingest's hand-over
+                    log.warning("search indexing failed (%s); the catch-up retries", one_line(exc))
+                    log.debug("search indexing failed", exc_info=True)
+                    continue
+                failing = False
         finally:
-            connections.close_all()
+            _close_quietly()
+
+    def _prepared(self) -> bool:
+        return bool(getattr(connection, "_dlo_search_prepared", False) and connection.connection)
+
+    def _prepare(self) -> None:
+        """The index is derived data that index_missing rebuilds from the committed rows: its
+        commits need not wait for the WAL flush (a crash loses at most the last few, which the
+        catch-up after the next drain writes again). Once per connection."""
+        if self._prepared():
+            return
+        with connection.cursor() as cursor:
+            cursor.execute("SET synchronous_commit = off")
+        connection._dlo_search_prepared = True  # type: ignore[attr-defined]
+
+
+def _close_quietly() -> None:
+    """Drop this thread's connections (a broken one included), so the next batch reconnects."""
+    for conn in connections.all(initialized_only=True):
+        try:
+            conn.close()
+        except Exception:  # noqa: BLE001 - a dead connection may fail to close; it is gone
+            conn.connection = None

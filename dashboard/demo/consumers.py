@@ -31,7 +31,8 @@ How each broker settles a decision:
   retry schedule and its idle time the backoff clock (``XPENDING … IDLE``, then ``XCLAIM``).
   Dead letter / poison = ``XADD`` to the DLQ / poison stream and ``XACK`` in one MULTI.
 - NATS JetStream: retry = ``nak`` with the backoff delay. Permanent failures and poison are
-  copied (with the reason headers) to the DLQ / poison stream, then ``term``-inated; a
+  copied (with the reason headers, and ``Nats-Stream``/``Nats-Sequence``/``Nats-Subject``
+  naming the original) to the DLQ / poison stream, then ``term``-inated; a
   message whose budget is spent is copied to the DLQ stream and ``nak``-ed one last time, so
   the server's ``max_deliver`` (= the budget) gives up on it and publishes MAX_DELIVERIES.
   The dashboard ingests those advisories (see brokers/nats_jetstream.py).
@@ -713,8 +714,16 @@ class NatsConsumerLink(ConsumerLink):
                 await msg.nak(delay=decision.delay_s)
                 return
             subject = self.poison_subject if decision.route == Route.POISON else self.dlq_subject
+            # The copy names its original (JetStream's RePublish header names), so the
+            # dashboard stores one entry per death: the copy, with the cause in its headers.
+            named = {
+                **(decision.headers or {}),
+                "Nats-Stream": msg.metadata.stream,
+                "Nats-Sequence": str(msg.metadata.sequence.stream),
+                "Nats-Subject": msg.subject,
+            }
             # The copy first (PubAck awaited), then give the message up.
-            await self.js.publish(subject, delivery.body, headers=decision.headers)
+            await self.js.publish(subject, delivery.body, headers=named)
             if decision.exhausted:
                 await msg.nak()  # max_deliver is reached: the server gives up and advises
             else:

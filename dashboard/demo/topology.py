@@ -216,6 +216,7 @@ def contract(names: Names) -> dict[str, Any]:
         "dlq_strategies": ["ttl-with-backoff", "poison-queue", "dlq-alert"],
         "dlq_address": names.dlq,
         "poison_address": names.poison,
+        "retry_address": names.retry,
         "nats_advisory_capture": names.kind == BrokerKind.NATS,
         "dlq_records_reason": True,
         "retention_s": RETENTION_S,

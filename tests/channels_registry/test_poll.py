@@ -284,17 +284,17 @@ def test_scheduler_for_one_broker_leaves_the_others_unclaimed() -> None:
 def test_poll_command_forever_polls_only_the_named_broker(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from channels_registry.management.commands import poll
+    from channels_registry import polling
 
     make_broker(name="wanted")
     asked: list[str | None] = []
 
-    def due(now: Any, *, name: str | None = None) -> list[int]:
+    def due(now: Any, *, name: str | None = None, skip: Any = frozenset()) -> list[int]:
         asked.append(name)
         os.kill(os.getpid(), signal.SIGINT)  # the long-running form stops cleanly on SIGINT
         return []
 
-    monkeypatch.setattr(poll, "due_brokers", due)
+    monkeypatch.setattr(polling, "due_brokers", due)
     call_command("poll", "--broker", "wanted")
     assert asked == ["wanted"]
     call_command("poll", "--broker", "nosuch")

@@ -197,13 +197,16 @@ def test_advisory_capture_is_the_nats_channels_dead_letter_declaration() -> None
     from channels_registry.checks import check_channel
 
     nats = make_broker(name="nats", kind=BrokerKind.NATS, url_env="DLO_BROKER_TEST_CAP_NATS")
-    bare = make_channel(nats, slug="bare", address="S", address_group="c", dlq_address="")
+    bare = make_channel(
+        nats, slug="bare", address="S", address_group="c", dlq_address="", poison_address=""
+    )
     captured = make_channel(
         nats,
         slug="cap",
         address="S",
         address_group="d",
         dlq_address="",
+        poison_address="",
         nats_advisory_capture=True,
     )
     assert "no-dlq" in {f.code for f in check_channel(bare)}

@@ -6,10 +6,9 @@ import time
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
-from django.utils import timezone
 
 from channels_registry.models import Broker
-from channels_registry.polling import PollOutcome, due_brokers, poll_brokers
+from channels_registry.polling import PollOutcome, PollScheduler, poll_brokers
 from channels_registry.service import exists_unless_away, run_service, stop_on_signals
 
 
@@ -64,13 +63,18 @@ class Command(BaseCommand):
             self.stdout.write(line)
             self.stdout.flush()
 
-        def one_round() -> float:
-            poll_brokers(due_brokers(timezone.now(), name=name), on_outcome=self._write_line)
-            return 1.0
+        # Each broker on its own due time: a hung broker never holds a healthy one's poll.
+        scheduler = PollScheduler(name=name)
+
+        def one_step() -> float:
+            return scheduler.step(self._write_line)
 
         with stop_on_signals() as stop:
             write("poll: polling brokers as they fall due until SIGTERM/SIGINT")
-            run_service("poll", one_round, write=write, stop=stop)
+            try:
+                run_service("poll", one_step, write=write, stop=stop)
+            finally:
+                scheduler.close()
 
     def _write_line(self, outcome: PollOutcome) -> None:
         self.stdout.write(self._line(outcome))

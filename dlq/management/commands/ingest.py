@@ -44,6 +44,8 @@ class Command(BaseCommand):
             for error in result.errors:
                 self.stderr.write(f"{result.channel}: {error}")
         waiting = f", {total.stalled} waiting unfetched" if total.stalled else ""
+        if total.deferred:
+            waiting += f", {total.deferred} NATS advisories waiting for their copy"
         self.stdout.write(
             f"ingest: {len(ids)} channels, {total.fetched} fetched, {total.inserted} new, "
             f"{total.duplicates} duplicates, {len(total.errors)} errors{waiting}"
