@@ -17,6 +17,7 @@ from django.contrib.auth.forms import AuthenticationForm
 from django.core.cache import cache
 
 from audit.actions import Actor, do_record_denial
+from dashboard.proxy import client_address
 
 
 def normalise_username(raw: str) -> str:
@@ -48,7 +49,7 @@ class RateLimitedAuthenticationForm(AuthenticationForm):
     }
 
     def clean(self) -> dict[str, Any]:
-        ip = (self.request.META.get("REMOTE_ADDR") if self.request else None) or "unknown"
+        ip = (client_address(self.request) if self.request else None) or "unknown"
         username = normalise_username(str(self.data.get("username", "")))
         keys = _keys(ip, username)
         counts = cache.get_many(keys)

@@ -15,6 +15,7 @@ import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
 from dashboard.periodic import beat_schedule
+from dashboard.proxy import parse_networks
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -99,6 +100,8 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    # First: REMOTE_ADDR and the forwarded scheme as the trusted proxies say (dashboard/proxy.py).
+    "dashboard.proxy.TrustedProxyMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "dashboard.middleware.SecurityHeadersMiddleware",
@@ -170,6 +173,11 @@ LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "/"
 LOGOUT_REDIRECT_URL = "login"
 # Failed logins per (username, IP) and per IP within the window before the form refuses.
+# Reverse proxies whose X-Forwarded-For / X-Forwarded-Proto are believed (addresses or
+# networks, comma-separated); none by default, so a client cannot choose its own address.
+DLO_TRUSTED_PROXIES = env_list("DLO_TRUSTED_PROXIES", "")
+DLO_TRUSTED_PROXIES_NETWORKS = parse_networks("DLO_TRUSTED_PROXIES", DLO_TRUSTED_PROXIES)
+
 LOGIN_RATE_LIMIT = env_int("LOGIN_RATE_LIMIT", 5)
 LOGIN_RATE_WINDOW_S = env_int("LOGIN_RATE_WINDOW_S", 300)
 
