@@ -14,7 +14,10 @@ these classes by dotted path, so the lower apps never import this module.
 
 from __future__ import annotations
 
-from typing import Any
+import codecs
+import io
+import re
+from typing import IO, Any
 
 from django.contrib.auth.decorators import login_not_required
 from django.http import HttpRequest, JsonResponse
@@ -22,6 +25,7 @@ from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
 from rest_framework import exceptions
 from rest_framework.authentication import BaseAuthentication
+from rest_framework.parsers import JSONParser
 from rest_framework.request import Request
 from rest_framework.response import Response
 
@@ -82,6 +86,47 @@ class BearerTokenAuthentication(BaseAuthentication):
     def authenticate_header(self, request: Request) -> str:
         # Makes DRF answer a missing login with 401 (not 403), as the API always has.
         return 'Bearer realm="api"'
+
+
+# No request body of this API nests deeper than 3; the C decoder recurses per level and a body
+# of 1,000 "[" ended in RecursionError (an HTML 500), so depth is bounded before it parses.
+MAX_JSON_DEPTH = 32
+_JSON_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"', re.S)
+_JSON_NESTING = re.compile(r"[\[\]{}]")
+
+
+def json_too_deep(text: str, limit: int = MAX_JSON_DEPTH) -> bool:
+    """Whether ``text`` opens more than ``limit`` arrays/objects inside each other (brackets
+    inside strings do not count). Linear in the text; no recursion."""
+    depth = 0
+    for match in _JSON_NESTING.finditer(_JSON_STRING.sub('""', text)):
+        if match.group() in "[{":
+            depth += 1
+            if depth > limit:
+                return True
+        else:
+            depth -= 1
+    return False
+
+
+class BoundedJSONParser(JSONParser):
+    """DRF's JSON parser for every endpoint, refusing a body nested deeper than
+    ``MAX_JSON_DEPTH`` with a 400 (``ParseError``) before the decoder sees it."""
+
+    def parse(
+        self, stream: IO[bytes], media_type: str | None = None, parser_context: Any = None
+    ) -> Any:
+        raw = stream.read() if stream is not None else b""
+        encoding = (parser_context or {}).get("encoding") or "utf-8"
+        try:
+            text = codecs.decode(raw, encoding)
+        except (UnicodeDecodeError, LookupError) as exc:
+            raise exceptions.ParseError(f"JSON parse error - {exc}") from None
+        if json_too_deep(text):
+            raise exceptions.ParseError(
+                f"JSON parse error - nested deeper than {MAX_JSON_DEPTH} levels"
+            )
+        return super().parse(io.BytesIO(raw), media_type, parser_context)
 
 
 def _message(detail: Any) -> str:
