@@ -36,17 +36,19 @@ BAD_TOKEN = "invalid or revoked token"
 
 
 def user_for_authorization(header: str) -> Any | None:
-    """The active user of a ``Bearer`` header's unrevoked token (its last use noted), or None."""
+    """The active user of a ``Bearer`` header's unrevoked, unexpired token (its last use
+    noted), or None."""
     if not header.startswith("Bearer "):
         return None
+    now = timezone.now()
     token = (
         ApiToken.objects.select_related("user")
-        .filter(token_hash=hash_token(header[7:].strip()), revoked=False)
+        .filter(token_hash=hash_token(header[7:].strip()), revoked=False, expires_at__gt=now)
         .first()
     )
     if token is None or not token.user.is_active:
         return None
-    ApiToken.objects.filter(pk=token.pk).update(last_used_at=timezone.now())
+    ApiToken.objects.filter(pk=token.pk).update(last_used_at=now)
     return token.user
 
 
@@ -165,7 +167,7 @@ def api_exception_handler(exc: Exception, context: dict[str, Any]) -> Response |
 
 _ERRORS = {
     "400": "A parameter or the body is invalid.",
-    "401": "No credentials, or an invalid or revoked token.",
+    "401": "No credentials, or an invalid, expired or revoked token.",
     "403": "The user lacks the role, or (session) the CSRF token is missing.",
     "404": "No such object.",
     "405": "Method not allowed.",

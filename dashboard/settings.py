@@ -178,6 +178,15 @@ LOGOUT_REDIRECT_URL = "login"
 DLO_TRUSTED_PROXIES = env_list("DLO_TRUSTED_PROXIES", "")
 DLO_TRUSTED_PROXIES_NETWORKS = parse_networks("DLO_TRUSTED_PROXIES", DLO_TRUSTED_PROXIES)
 
+# API tokens: how long a new one lasts unless `apitoken create --days` says otherwise, and the
+# most any may last.
+DLO_API_TOKEN_DAYS = env_int("DLO_API_TOKEN_DAYS", 90)
+DLO_API_TOKEN_MAX_DAYS = env_int("DLO_API_TOKEN_MAX_DAYS", 365)
+if not 1 <= DLO_API_TOKEN_DAYS <= DLO_API_TOKEN_MAX_DAYS:
+    raise ImproperlyConfigured(
+        "DLO_API_TOKEN_DAYS must be at least 1 and at most DLO_API_TOKEN_MAX_DAYS."
+    )
+
 LOGIN_RATE_LIMIT = env_int("LOGIN_RATE_LIMIT", 5)
 LOGIN_RATE_WINDOW_S = env_int("LOGIN_RATE_WINDOW_S", 300)
 
