@@ -214,3 +214,42 @@ def add_error_responses(result: dict[str, Any], generator: Any, **kwargs: Any) -
                     {"description": text, "content": {"application/json": {"schema": ref}}},
                 )
     return result
+
+
+NO_NUL = "^[^\\u0000]*$"
+
+
+def _forbid_nul(schema: Any, seen: set[int]) -> None:
+    if not isinstance(schema, dict) or id(schema) in seen:
+        return
+    seen.add(id(schema))
+    if schema.get("type") == "string" and not {"enum", "format", "pattern"} & set(schema):
+        schema["pattern"] = NO_NUL
+    for key in ("properties",):
+        for child in (schema.get(key) or {}).values():
+            _forbid_nul(child, seen)
+    for key in ("items", "additionalProperties"):
+        _forbid_nul(schema.get(key), seen)
+    for key in ("oneOf", "anyOf", "allOf"):
+        for child in schema.get(key) or []:
+            _forbid_nul(child, seen)
+
+
+def refuse_nul_in_request_strings(
+    result: dict[str, Any], generator: Any, **kwargs: Any
+) -> dict[str, Any]:
+    """drf-spectacular post-processing hook: every free text a request sends (query
+    parameters, request bodies) says it holds no NUL, as the server has always refused one
+    with a 400 (PostgreSQL text cannot store it). Responses are left as they are."""
+    seen: set[int] = set()
+    schemas = result.get("components", {}).get("schemas", {})
+    for methods in result.get("paths", {}).values():
+        for operation in methods.values():
+            for parameter in operation.get("parameters", []):
+                _forbid_nul(parameter.get("schema"), seen)
+            body = operation.get("requestBody", {}).get("content", {})
+            for media in body.values():
+                schema = media.get("schema", {})
+                ref = schema.get("$ref", "")
+                _forbid_nul(schemas.get(ref.rsplit("/", 1)[-1]) if ref else schema, seen)
+    return result

@@ -344,6 +344,8 @@ SPECTACULAR_SETTINGS = {
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.hooks.postprocess_schema_enums",
         "dashboard.api.add_error_responses",
+        "dlq.plan_api.plan_request_schema",
+        "dashboard.api.refuse_nul_in_request_strings",
     ],
     # Swagger UI from the sidecar package (served by WhiteNoise), never a CDN.
     "SWAGGER_UI_DIST": "SIDECAR",
