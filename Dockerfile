@@ -11,4 +11,6 @@ RUN SECRET_KEY=build-only-build-only-build-only-build-only-build-only \
 RUN useradd --system --uid 10001 dlo && chown -R dlo /app/staticfiles
 USER dlo
 EXPOSE 8000
-CMD ["daphne", "-b", "0.0.0.0", "-p", "8000", "--proxy-headers", "dashboard.asgi:application"]
+# No --proxy-headers: daphne would believe the left-most X-Forwarded-For from any client. The
+# app reads forwarded headers itself, only from DLO_TRUSTED_PROXIES (dashboard/proxy.py).
+CMD ["daphne", "-b", "0.0.0.0", "-p", "8000", "dashboard.asgi:application"]

@@ -45,6 +45,7 @@ from channels_registry.access import channels_for_user
 from channels_registry.models import ChannelHealth
 from dashboard.api import api_error, authenticate_token
 from dashboard.http import HtmxHttpRequest
+from dashboard.proxy import client_address
 
 log = logging.getLogger(__name__)
 
@@ -229,7 +230,7 @@ def badge(request: HtmxHttpRequest) -> HttpResponse:
 
 
 def _allowed_network(request: HttpRequest) -> bool:
-    raw = request.META.get("REMOTE_ADDR", "")
+    raw = client_address(request) or ""
     try:
         address = ipaddress.ip_address(raw)
     except ValueError:

@@ -28,6 +28,7 @@ from audit.chain import (
     canonical_time,
 )
 from audit.models import AuditEvent, AuditHead, ChainVerification, Outcome
+from dashboard.proxy import client_address
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,7 +42,7 @@ class Actor:
     @classmethod
     def from_request(cls, request: HttpRequest) -> Actor:
         user = getattr(request, "user", None)
-        ip = request.META.get("REMOTE_ADDR") or None
+        ip = client_address(request)
         if user is not None and user.is_authenticated:
             return cls(user.pk, user.get_username(), ip)
         return cls(None, "", ip)

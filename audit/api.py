@@ -3,6 +3,10 @@
 A thin layer over the audit page's query code (``audit.filters``, ``audit.access``): newest
 first, keyset-paginated on ``seq``: follow ``next`` (``?before=<seq>``) until it is null. Each
 event carries exactly the hashed fields plus ``hash``, like the JSON Lines export.
+
+Only sealed events are listed: an event recorded a moment ago has no ``seq`` or ``hash`` until
+the sealer chains it (within seconds), and the schema promises both. A time range may be empty
+(``since`` at or after ``until``): it matches nothing, which is an empty page, not an error.
 """
 
 from __future__ import annotations
@@ -97,8 +101,8 @@ def _limit(raw: str | None) -> int | None:
 @api_view(["GET"])
 def event_list(request: Request) -> Response:
     """Audit events, newest first (compliance role; a refusal is itself audited)."""
-    events = events_for_user(request._request)
-    form = AuditFilterForm(request.query_params)
+    events = events_for_user(request._request).filter(seq__isnull=False)
+    form = AuditFilterForm(request.query_params, empty_range_ok=True)
     limit = _limit(request.query_params.get("limit"))
     if not form.is_valid() or limit is None:
         errors = {key: [e["message"] for e in value]

@@ -65,6 +65,14 @@ class AuditFilterForm(forms.Form):
     until = forms.DateTimeField(required=False, label="Until")
     before = forms.IntegerField(min_value=1, required=False, label="Older than seq")
 
+    def __init__(self, *args: Any, empty_range_ok: bool = False, **kwargs: Any) -> None:
+        """``empty_range_ok``: ``since`` at or after ``until`` is an empty range, not an error
+        (the API: its schema cannot say one bound must precede the other). The page and the
+        export refuse ``since`` after ``until`` as a likely slip; ``since == until`` is valid
+        everywhere (the empty half-open range)."""
+        super().__init__(*args, **kwargs)
+        self.empty_range_ok = empty_range_ok
+
     def _clean_bound(self, name: str) -> dt.datetime | None:
         """A time that exists in UTC too (``9999-12-31T23:00-05:00`` does not, and would fail
         in the query rather than here)."""
@@ -83,8 +91,8 @@ class AuditFilterForm(forms.Form):
     def clean(self) -> dict[str, Any]:
         cleaned = super().clean() or {}
         since, until = cleaned.get("since"), cleaned.get("until")
-        if since and until and since >= until:
-            raise forms.ValidationError("“From” must be earlier than “Until”.")
+        if since and until and since > until and not self.empty_range_ok:
+            raise forms.ValidationError("“From” must not be later than “Until”.")
         return cleaned
 
     def apply(self, events: QuerySet[AuditEvent]) -> QuerySet[AuditEvent]:

@@ -10,10 +10,11 @@ from django.dispatch import receiver
 
 from audit.actions import Actor, record
 from audit.models import Outcome
+from dashboard.proxy import client_address
 
 
 def _ip(request: Any) -> str | None:
-    return request.META.get("REMOTE_ADDR") if request is not None else None
+    return client_address(request) if request is not None else None
 
 
 @receiver(user_logged_in)

@@ -8,6 +8,7 @@ applied or none is. Errors name the file line of the offending key.
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import Any
 
 import yaml
@@ -155,13 +156,41 @@ def _expanded_size(root: yaml.Node) -> int:
     return size(root)
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _unstorable_scalar(root: yaml.Node) -> tuple[int, str] | None:
+    """The line and a description of the first scalar the database cannot store: a NUL
+    (YAML's ``"\\0"`` escape; PostgreSQL text refuses it, a DataError) or a lone surrogate
+    (``"\\ud800"``; not encodable as UTF-8). Each node once, so aliases cost nothing."""
+    seen: set[int] = set()
+    stack: list[yaml.Node] = [root]
+    while stack:
+        node = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        if isinstance(node, yaml.ScalarNode):
+            value = str(node.value)
+            if "\x00" in value:
+                return _line(node), "a NUL character (\\0) in a value; remove it"
+            if _SURROGATE.search(value):
+                return _line(node), "a lone surrogate (\\ud800-\\udfff) in a value; remove it"
+        elif isinstance(node, yaml.SequenceNode):
+            stack.extend(node.value)
+        elif isinstance(node, yaml.MappingNode):
+            stack.extend(part for pair in node.value for part in pair)
+    return None
+
+
 def _parse(text: str) -> tuple[dict[str, Any], yaml.MappingNode]:
     """The document and its node tree, within the bounds above.
 
     1. Refuse a file over ``MAX_FILE_BYTES``.
     2. Compose the node tree with the bounded loader (depth, alias count).
     3. Refuse a tree that would expand past ``MAX_NODES`` or contains itself.
-    4. Only then construct Python values, from that same tree.
+    4. Refuse a value the database cannot store (NUL, lone surrogates), naming its line.
+    5. Only then construct Python values, from that same tree.
     """
     if len(text.encode("utf-8", "surrogatepass")) > MAX_FILE_BYTES:
         raise DeclarationFileError(
@@ -174,6 +203,9 @@ def _parse(text: str) -> tuple[dict[str, Any], yaml.MappingNode]:
             raise _TooBig(
                 1, f"the aliases expand to more than {MAX_NODES:,} values; write values out"
             )
+        unstorable = _unstorable_scalar(root) if root is not None else None
+        if unstorable is not None:
+            raise _TooBig(*unstorable)
         data = loader.construct_document(root) if root is not None else None
     except _TooBig as exc:
         raise DeclarationFileError([ImportProblem(exc.line, exc.message)]) from None

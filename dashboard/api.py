@@ -14,7 +14,10 @@ these classes by dotted path, so the lower apps never import this module.
 
 from __future__ import annotations
 
-from typing import Any
+import codecs
+import io
+import re
+from typing import IO, Any
 
 from django.contrib.auth.decorators import login_not_required
 from django.http import HttpRequest, JsonResponse
@@ -22,6 +25,7 @@ from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
 from rest_framework import exceptions
 from rest_framework.authentication import BaseAuthentication
+from rest_framework.parsers import JSONParser
 from rest_framework.request import Request
 from rest_framework.response import Response
 
@@ -32,17 +36,19 @@ BAD_TOKEN = "invalid or revoked token"
 
 
 def user_for_authorization(header: str) -> Any | None:
-    """The active user of a ``Bearer`` header's unrevoked token (its last use noted), or None."""
+    """The active user of a ``Bearer`` header's unrevoked, unexpired token (its last use
+    noted), or None."""
     if not header.startswith("Bearer "):
         return None
+    now = timezone.now()
     token = (
         ApiToken.objects.select_related("user")
-        .filter(token_hash=hash_token(header[7:].strip()), revoked=False)
+        .filter(token_hash=hash_token(header[7:].strip()), revoked=False, expires_at__gt=now)
         .first()
     )
     if token is None or not token.user.is_active:
         return None
-    ApiToken.objects.filter(pk=token.pk).update(last_used_at=timezone.now())
+    ApiToken.objects.filter(pk=token.pk).update(last_used_at=now)
     return token.user
 
 
@@ -84,6 +90,47 @@ class BearerTokenAuthentication(BaseAuthentication):
         return 'Bearer realm="api"'
 
 
+# No request body of this API nests deeper than 3; the C decoder recurses per level and a body
+# of 1,000 "[" ended in RecursionError (an HTML 500), so depth is bounded before it parses.
+MAX_JSON_DEPTH = 32
+_JSON_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"', re.S)
+_JSON_NESTING = re.compile(r"[\[\]{}]")
+
+
+def json_too_deep(text: str, limit: int = MAX_JSON_DEPTH) -> bool:
+    """Whether ``text`` opens more than ``limit`` arrays/objects inside each other (brackets
+    inside strings do not count). Linear in the text; no recursion."""
+    depth = 0
+    for match in _JSON_NESTING.finditer(_JSON_STRING.sub('""', text)):
+        if match.group() in "[{":
+            depth += 1
+            if depth > limit:
+                return True
+        else:
+            depth -= 1
+    return False
+
+
+class BoundedJSONParser(JSONParser):
+    """DRF's JSON parser for every endpoint, refusing a body nested deeper than
+    ``MAX_JSON_DEPTH`` with a 400 (``ParseError``) before the decoder sees it."""
+
+    def parse(
+        self, stream: IO[bytes], media_type: str | None = None, parser_context: Any = None
+    ) -> Any:
+        raw = stream.read() if stream is not None else b""
+        encoding = (parser_context or {}).get("encoding") or "utf-8"
+        try:
+            text = codecs.decode(raw, encoding)
+        except (UnicodeDecodeError, LookupError) as exc:
+            raise exceptions.ParseError(f"JSON parse error - {exc}") from None
+        if json_too_deep(text):
+            raise exceptions.ParseError(
+                f"JSON parse error - nested deeper than {MAX_JSON_DEPTH} levels"
+            )
+        return super().parse(io.BytesIO(raw), media_type, parser_context)
+
+
 def _message(detail: Any) -> str:
     if isinstance(detail, list):
         return "; ".join(_message(item) for item in detail)
@@ -120,7 +167,7 @@ def api_exception_handler(exc: Exception, context: dict[str, Any]) -> Response |
 
 _ERRORS = {
     "400": "A parameter or the body is invalid.",
-    "401": "No credentials, or an invalid or revoked token.",
+    "401": "No credentials, or an invalid, expired or revoked token.",
     "403": "The user lacks the role, or (session) the CSRF token is missing.",
     "404": "No such object.",
     "405": "Method not allowed.",
@@ -166,4 +213,43 @@ def add_error_responses(result: dict[str, Any], generator: Any, **kwargs: Any) -
                     status,
                     {"description": text, "content": {"application/json": {"schema": ref}}},
                 )
+    return result
+
+
+NO_NUL = "^[^\\u0000]*$"
+
+
+def _forbid_nul(schema: Any, seen: set[int]) -> None:
+    if not isinstance(schema, dict) or id(schema) in seen:
+        return
+    seen.add(id(schema))
+    if schema.get("type") == "string" and not {"enum", "format", "pattern"} & set(schema):
+        schema["pattern"] = NO_NUL
+    for key in ("properties",):
+        for child in (schema.get(key) or {}).values():
+            _forbid_nul(child, seen)
+    for key in ("items", "additionalProperties"):
+        _forbid_nul(schema.get(key), seen)
+    for key in ("oneOf", "anyOf", "allOf"):
+        for child in schema.get(key) or []:
+            _forbid_nul(child, seen)
+
+
+def refuse_nul_in_request_strings(
+    result: dict[str, Any], generator: Any, **kwargs: Any
+) -> dict[str, Any]:
+    """drf-spectacular post-processing hook: every free text a request sends (query
+    parameters, request bodies) says it holds no NUL, as the server has always refused one
+    with a 400 (PostgreSQL text cannot store it). Responses are left as they are."""
+    seen: set[int] = set()
+    schemas = result.get("components", {}).get("schemas", {})
+    for methods in result.get("paths", {}).values():
+        for operation in methods.values():
+            for parameter in operation.get("parameters", []):
+                _forbid_nul(parameter.get("schema"), seen)
+            body = operation.get("requestBody", {}).get("content", {})
+            for media in body.values():
+                schema = media.get("schema", {})
+                ref = schema.get("$ref", "")
+                _forbid_nul(schemas.get(ref.rsplit("/", 1)[-1]) if ref else schema, seen)
     return result

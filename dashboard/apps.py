@@ -8,8 +8,9 @@ class DashboardConfig(AppConfig):
     verbose_name = "Health board"
 
     def ready(self) -> None:
-        from dashboard import api_schema, scheduler
+        from dashboard import api_schema, receivers, scheduler
 
         _ = api_schema  # registers the bearer scheme with drf-spectacular
+        _ = receivers  # revokes a user's API tokens on deactivation or a new password
 
         scheduler.start_if_enabled()

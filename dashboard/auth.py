@@ -1,8 +1,10 @@
-"""Sign-in with failed-attempt rate limiting per IP and per (IP, username).
+"""Sign-in with failed-attempt rate limiting per IP and per (IP, account).
 
-Usernames are normalised (NFKC, trimmed, case-folded for the throttle) before both the
-password check and the throttle key, so ``'user '`` or a fullwidth ``ｕｓｅｒ`` is the same
-account and the same counter, not a fresh five attempts.
+Usernames are normalised (NFKC, trimmed) before both the password check and the throttle key,
+and the per-account counter is keyed on the account the spelling actually matches (its primary
+key), so ``'user '``, a fullwidth ``ｕｓｅｒ`` or a dotless ``ı`` that the database's
+case-insensitive match maps to ``I`` is the same account and the same counter, not a fresh
+five attempts. A spelling that matches no account is keyed on its case-folded form.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from django.contrib.auth.forms import AuthenticationForm
 from django.core.cache import cache
 
 from audit.actions import Actor, do_record_denial
+from dashboard.proxy import client_address
 
 
 def normalise_username(raw: str) -> str:
@@ -35,8 +38,17 @@ def _canonical_username(name: str) -> str:
     return str(matches[0]) if len(matches) == 1 else name
 
 
+def _account(name: str) -> str:
+    """The throttle's name for the account ``name`` signs in to: the primary key of the one
+    account the password check will use, else the case-folded spelling."""
+    users = get_user_model()._default_manager
+    field = get_user_model().USERNAME_FIELD
+    pks = list(users.filter(**{field: _canonical_username(name)}).values_list("pk", flat=True))
+    return f"id:{pks[0]}" if len(pks) == 1 else f"name:{name.casefold()}"
+
+
 def _keys(ip: str, username: str) -> list[str]:
-    return [f"dlo:login-fail:ip:{ip}", f"dlo:login-fail:user:{ip}:{username.casefold()}"]
+    return [f"dlo:login-fail:ip:{ip}", f"dlo:login-fail:user:{ip}:{_account(username)}"]
 
 
 class RateLimitedAuthenticationForm(AuthenticationForm):
@@ -48,7 +60,7 @@ class RateLimitedAuthenticationForm(AuthenticationForm):
     }
 
     def clean(self) -> dict[str, Any]:
-        ip = (self.request.META.get("REMOTE_ADDR") if self.request else None) or "unknown"
+        ip = (client_address(self.request) if self.request else None) or "unknown"
         username = normalise_username(str(self.data.get("username", "")))
         keys = _keys(ip, username)
         counts = cache.get_many(keys)

@@ -15,6 +15,7 @@ import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
 from dashboard.periodic import beat_schedule
+from dashboard.proxy import parse_networks
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -99,6 +100,8 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    # First: REMOTE_ADDR and the forwarded scheme as the trusted proxies say (dashboard/proxy.py).
+    "dashboard.proxy.TrustedProxyMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "dashboard.middleware.SecurityHeadersMiddleware",
@@ -173,6 +176,20 @@ LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "/"
 LOGOUT_REDIRECT_URL = "login"
 # Failed logins per (username, IP) and per IP within the window before the form refuses.
+# Reverse proxies whose X-Forwarded-For / X-Forwarded-Proto are believed (addresses or
+# networks, comma-separated); none by default, so a client cannot choose its own address.
+DLO_TRUSTED_PROXIES = env_list("DLO_TRUSTED_PROXIES", "")
+DLO_TRUSTED_PROXIES_NETWORKS = parse_networks("DLO_TRUSTED_PROXIES", DLO_TRUSTED_PROXIES)
+
+# API tokens: how long a new one lasts unless `apitoken create --days` says otherwise, and the
+# most any may last.
+DLO_API_TOKEN_DAYS = env_int("DLO_API_TOKEN_DAYS", 90)
+DLO_API_TOKEN_MAX_DAYS = env_int("DLO_API_TOKEN_MAX_DAYS", 365)
+if not 1 <= DLO_API_TOKEN_DAYS <= DLO_API_TOKEN_MAX_DAYS:
+    raise ImproperlyConfigured(
+        "DLO_API_TOKEN_DAYS must be at least 1 and at most DLO_API_TOKEN_MAX_DAYS."
+    )
+
 LOGIN_RATE_LIMIT = env_int("LOGIN_RATE_LIMIT", 5)
 LOGIN_RATE_WINDOW_S = env_int("LOGIN_RATE_WINDOW_S", 300)
 
@@ -306,7 +323,8 @@ REST_FRAMEWORK = {
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
-    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    # JSON only, its nesting bounded before parsing (a deep body was a RecursionError, a 500).
+    "DEFAULT_PARSER_CLASSES": ["dashboard.api.BoundedJSONParser"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "EXCEPTION_HANDLER": "dashboard.api.api_exception_handler",
 }
@@ -329,6 +347,8 @@ SPECTACULAR_SETTINGS = {
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.hooks.postprocess_schema_enums",
         "dashboard.api.add_error_responses",
+        "dlq.plan_api.plan_request_schema",
+        "dashboard.api.refuse_nul_in_request_strings",
     ],
     # Swagger UI from the sidecar package (served by WhiteNoise), never a CDN.
     "SWAGGER_UI_DIST": "SIDECAR",

@@ -7,12 +7,13 @@ eyes, one plan per ``request_key``); refusals by role are audited before the 403
 
 from __future__ import annotations
 
+import re
 from typing import Any
 from urllib.parse import urlencode
 
 from django.urls import path, reverse
 from drf_spectacular.utils import PolymorphicProxySerializer, extend_schema, extend_schema_field
-from rest_framework import serializers
+from rest_framework import exceptions, serializers
 from rest_framework.decorators import api_view
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -27,6 +28,19 @@ from dlq.preview import DEFAULT_VELOCITY, MAX_VELOCITY, Selection, build_preview
 
 MAX_IDS = 10_000
 REASON_CHARS = 2000
+# A reason with something in it: a character that ``str.strip()`` keeps. Written out (not
+# ``\S``) so that the schema's pattern means the same in every regex dialect.
+_SPACE = r"\t\n\x0b\x0c\r\x1c-\x1f \x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000"
+NON_BLANK = f"[^{_SPACE}]"
+_NON_BLANK = re.compile(NON_BLANK)
+
+
+class PlanConflict(exceptions.APIException):
+    """A well-formed request the entries' current state refuses (nothing eligible any more, a
+    declaration blocks it): 409, as the schema says, not a 400 for a valid body."""
+
+    status_code = 409
+    default_code = "conflict"
 
 
 class PlanSerializer(serializers.Serializer[ReplayPlan]):
@@ -179,7 +193,11 @@ class PlanRequestSerializer(serializers.Serializer[Any]):
         help_text="Idempotency key (≤ 64 characters): the same key answers the same plan.",
     )
     rate = serializers.FloatField(
-        required=False, allow_null=True, help_text="Replay: messages per second."
+        required=False,
+        allow_null=True,
+        min_value=0,
+        max_value=MAX_VELOCITY,
+        help_text="Replay: messages per second (0 or null: the default).",
     )
     canary_size = serializers.IntegerField(
         required=False, allow_null=True, min_value=0, max_value=10_000
@@ -205,6 +223,10 @@ class PlanRequestSerializer(serializers.Serializer[Any]):
         return value
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        if not attrs.get("preview") and not _NON_BLANK.search(attrs.get("reason") or ""):
+            raise serializers.ValidationError(
+                {"reason": ["give a reason (required unless preview is true)"]}
+            )
         params = dict(attrs.get("filter") or {})
         for key in ("channel", "group"):
             if attrs.get(key) is not None:
@@ -265,12 +287,12 @@ def _create_plan(request: Request) -> Response:
             data["selection"],
             entries,
             actor=Actor.from_request(django_request),
-            reason=(data.get("reason") or "")[:REASON_CHARS],
+            reason=(data.get("reason") or "").strip()[:REASON_CHARS],
             request_key=(data.get("request_key") or "")[:64] or None,
             **options,
         )
     except PlanRefused as exc:
-        raise serializers.ValidationError({"plan": [str(exc)]}) from None
+        raise PlanConflict(str(exc)) from None
     return Response(PlanSerializer(plan).data, status=201 if created else 200)
 
 
@@ -327,6 +349,41 @@ def replay_plan_list(request: Request) -> Response:
 def replay_plan_detail(request: Request, pk: int) -> Response:
     """One plan (viewer role)."""
     return Response(PlanSerializer(get_plan_for_user(request._request, pk)).data)
+
+
+def plan_request_schema(result: dict[str, Any], generator: Any, **kwargs: Any) -> dict[str, Any]:
+    """drf-spectacular post-processing hook: what a plan request needs beyond its fields'
+    types, so that every body the schema allows is one the server takes. A plan (not a
+    preview) needs a reason with a non-space character; ``reason`` may be null or absent only
+    with ``"preview": true``. A refusal by the entries' state is a 409."""
+    operation = result.get("paths", {}).get("/api/replay-plans/", {}).get("post")
+    if operation is None:
+        return result
+    operation["requestBody"]["required"] = True  # no body is no reason, and not a preview
+    body = operation["requestBody"]["content"]["application/json"]["schema"]
+    name = body["$ref"].rsplit("/", 1)[1]
+    component = result["components"]["schemas"][name]
+    component["properties"]["reason"]["description"] = (
+        "Why (required unless preview is true): at least one non-space character."
+    )
+    # The filter's keys are the dead-letter list's parameters, with their types (one
+    # definition); other keys are ignored.
+    listing = result["paths"].get("/api/dead-letters/", {}).get("get", {})
+    typed = {p["name"]: p["schema"] for p in listing.get("parameters", [])
+             if p.get("in") == "query" and p["name"] in EntryFilterParams().fields}  # fmt: skip
+    component["properties"]["filter"]["properties"] = typed
+    component["anyOf"] = [
+        {"required": ["preview"], "properties": {"preview": {"enum": [True]}}},
+        {
+            "required": ["reason"],
+            "properties": {"reason": {"type": "string", "pattern": NON_BLANK}},
+        },
+    ]
+    operation["responses"]["409"] = {
+        "description": "Refused by the entries' state or the channel's declaration.",
+        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}},
+    }
+    return result
 
 
 urlpatterns = [

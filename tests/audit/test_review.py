@@ -113,7 +113,7 @@ def test_invalid_filters_are_reported_not_ignored(compliance: User) -> None:
     body = response.content.decode()
     assert "since: Enter a valid date/time." in body and "outcome:" in body
     response = client.get(f"{URL}?since=2030-01-02&until=2030-01-01")
-    assert "“From” must be earlier than “Until”." in response.content.decode()
+    assert "“From” must not be later than “Until”." in response.content.decode()
 
 
 @pytest.mark.parametrize(

@@ -278,3 +278,34 @@ def test_a_wrong_choice_in_a_file_lists_the_valid_values(
         call_command("registry", "import", write(tmp_path, kafka))
     err = capsys.readouterr().err
     assert "kind: Select a valid choice." in err and "Valid values: rabbitmq, redis, nats" in err
+
+
+NUL_FILE = GOOD_FILE.replace("owner_team: payments", 'owner_team: "pay\\0ments"')
+SURROGATE_FILE = GOOD_FILE.replace("owner_team: payments", 'owner_team: "pay\\ud800ments"')
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [(NUL_FILE, "a NUL character"), (SURROGATE_FILE, "a lone surrogate")],
+)
+def test_a_yaml_escape_the_database_cannot_store_is_a_clear_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str, message: str
+) -> None:
+    """Issue #27 item 5: ``"\\0"`` in a value raised DataError with a traceback (--check too)."""
+    line = next(i for i, s in enumerate(text.splitlines(), 1) if "owner_team" in s)
+    for check in (["--check"], []):
+        with pytest.raises(CommandError, match="nothing was imported"):
+            call_command("registry", "import", *check, write(tmp_path, text))
+        assert f"channels.yaml:{line}: {message}" in capsys.readouterr().err
+    assert not Channel.objects.exists() and not AuditEvent.objects.exists()
+
+
+@pytest.mark.parametrize("action", ["check", "import"])
+def test_the_import_page_answers_a_nul_escape_with_a_clear_error(
+    registry_admin: User, action: str
+) -> None:
+    client = client_for(registry_admin)
+    response = client.post("/channels/import/", {"text": NUL_FILE, "action": action})
+    assert response.status_code == 200
+    assert "a NUL character" in response.content.decode()
+    assert not Channel.objects.exists()

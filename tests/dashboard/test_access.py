@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import pytest
 from django.contrib.auth.models import Group, User
+from django.core.cache import cache
 from django.core.management import call_command
 from django.test import Client
 
 from audit.models import AuditEvent
-from tests.conftest import PASSWORD, client_for, make_broker, make_channel
+from tests.conftest import PASSWORD, client_for, make_broker, make_channel, make_user
 
 pytestmark = pytest.mark.django_db
 
@@ -171,3 +172,27 @@ def test_firstrun_creates_one_admin_with_a_random_password(
     call_command("firstrun")
     assert "Users exist already" in capsys.readouterr().out
     assert User.objects.count() == 1
+
+
+def test_dotless_i_gets_no_fresh_throttle_counter() -> None:
+    """Issue #27 item 3: PostgreSQL's case-insensitive match maps ``ı`` (U+0131) to ``I``, so
+    ``sec_complıance`` signs in to ``sec_compliance``; its failures must share one counter."""
+    from django.db import connection
+
+    if connection.vendor != "postgresql":
+        pytest.skip("the case mapping under test is PostgreSQL's UPPER()")
+    make_user("sec_compliance", "compliance")
+    dotless = "sec_compl\u0131ance"
+    assert Client().post("/login/", {"username": dotless, "password": PASSWORD}).status_code == 302
+    for _ in range(5):
+        Client().post("/login/", {"username": "sec_compliance", "password": "wrong"})
+    client = Client()
+    response = client.post("/login/", {"username": dotless, "password": PASSWORD})
+    assert "Too many failed sign-in attempts" in response.content.decode()
+    assert "_auth_user_id" not in client.session
+    # And the other way round: failures under the dotless spelling throttle the plain one.
+    cache.clear()
+    for _ in range(5):
+        Client().post("/login/", {"username": dotless, "password": "wrong"})
+    response = Client().post("/login/", {"username": "SEC_COMPLIANCE", "password": PASSWORD})
+    assert "Too many failed sign-in attempts" in response.content.decode()

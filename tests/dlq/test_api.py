@@ -69,3 +69,25 @@ def test_api_refuses_a_cursor_of_non_ascii_digits(viewer: User) -> None:
         response = Client().get(url, headers=headers)
         assert response.status_code == 400, url
         assert "after must be" in response.json()["error"]
+
+
+@pytest.mark.parametrize("opening", ["[", '{"a":'])
+def test_json_nested_a_thousand_deep_is_a_400_not_a_500(viewer: User, opening: str) -> None:
+    """Issue #27 item 5: a viewer's token and 1,000 levels of nesting gave an HTML 500
+    (RecursionError); the parser bounds depth for every endpoint."""
+    closing = "]" if opening == "[" else "}"
+    body = opening * 1000 + "1" + closing * 1000
+    response = Client().post(
+        "/api/replay-plans/", body, content_type="application/json", headers=bearer(viewer)
+    )
+    assert response.status_code == 400
+    assert "nested deeper" in response.json()["error"]
+
+
+def test_brackets_inside_strings_do_not_count_as_nesting(oncall: User) -> None:
+    body = json.dumps({"kind": "replay", "reason": "[" * 5000 + '\\"{' * 100, "ids": [1]})
+    response = Client().post(
+        "/api/replay-plans/", body, content_type="application/json", headers=bearer(oncall)
+    )
+    assert response.status_code != 500
+    assert "nested deeper" not in response.content.decode()

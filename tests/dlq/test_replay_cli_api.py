@@ -153,3 +153,33 @@ def test_api_answers_missing_plans_and_outsiders_as_json(oncall: User, outsider:
         refused = _token(outsider).get(url)
         assert refused.status_code == 403, url
         assert "viewer role" in refused.json()["error"], url
+
+
+def test_a_null_reason_is_taken_where_the_schema_allows_it(oncall: User) -> None:
+    """Issue #27 item 8: ``"reason": null`` was refused although the schema allowed it. Now
+    the schema says a plan needs a reason and a preview does not, and the server agrees."""
+    _entries(2)
+    client = _token(oncall)
+    preview = _post(client, {"channel": "orders", "preview": True, "reason": None})
+    assert preview.status_code == 200 and preview.json()["eligible"] == 2
+    for reason in (None, "", " \t\u3000"):
+        refused = _post(client, {"channel": "orders", "reason": reason})
+        assert refused.status_code == 400 and set(refused.json()["fields"]) == {"reason"}
+    schema = client.get("/api/schema/?format=json").json()
+    body = schema["components"]["schemas"]["PlanRequestRequest"]
+    assert body["properties"]["reason"]["nullable"] is True
+    assert {"required": ["preview"], "properties": {"preview": {"enum": [True]}}} in body["anyOf"]
+    create = schema["paths"]["/api/replay-plans/"]["post"]
+    assert "409" in create["responses"] and create["requestBody"]["required"] is True
+    assert _post(client, {"channel": "orders", "reason": "  fixed  "}).status_code == 201
+    assert ReplayPlan.objects.get().reason == "fixed"
+
+
+def test_a_valid_plan_request_the_entries_state_refuses_is_a_409(oncall: User) -> None:
+    _entries(1)
+    client = _token(oncall)
+    assert _post(client, {"channel": "orders", "reason": "fixed"}).status_code == 201
+    # The one entry is in that plan now: a well-formed request with nothing left to plan.
+    again = _post(client, {"channel": "orders", "reason": "again"})
+    assert again.status_code == 409 and again.json()["error"]
+    assert ReplayPlan.objects.count() == 1
