@@ -6,6 +6,7 @@ message that says what happened."""
 from __future__ import annotations
 
 import datetime as dt
+import importlib.util
 import json
 from pathlib import Path
 from typing import Any
@@ -92,17 +93,33 @@ def forged_texts(created_at: dt.datetime, actor: str = "alice") -> tuple[str, st
     return json.dumps(index, **dumps), json.dumps(detail, **dumps)
 
 
+# The same attacks ran on c7bd0b4, before the ``mac`` column existed (and passed there): the
+# forger writes the columns the table has, and a MAC only where there is a key to make one.
+HAS_MAC = importlib.util.find_spec("audit.mac") is not None
+MAC_COLUMN = ", mac" if HAS_MAC else ""
+
+
+def valid_mac(index_json: str, detail_json: str) -> str:
+    """A MAC made with the application's key: what only an attacker with the host has."""
+    if not HAS_MAC:
+        return ""
+    from audit.mac import event_mac
+
+    return event_mac(index_json, detail_json)
+
+
 def forged_row(*, created_at: dt.datetime, mac: str, actor: str = "alice") -> int:
     """An unsealed event inserted with SQL: claiming another actor, texts canonical."""
     index_json, detail_json = forged_texts(created_at, actor)
+    params: list[Any] = [created_at, actor, index_json, detail_json] + ([mac] if HAS_MAC else [])
     with connection.cursor() as cursor:
         cursor.execute(
             f"INSERT INTO {TABLE} (created_at, actor_id, actor_username, action, target_type,"
             " target_id, target_repr, channel_slug, reason, outcome, plan_id, prev_hash,"
-            " hash_version, index_json, detail_json, mac) VALUES (%s, 3, %s, 'dlq.discard',"
-            " 'dlq.deadletter', '9', 'entry 9', '', 'cleanup', 'success', '', '', 2, %s, %s, %s)"
-            " RETURNING id",
-            [created_at, actor, index_json, detail_json, mac],
+            f" hash_version, index_json, detail_json{MAC_COLUMN}) VALUES (%s, 3, %s,"
+            " 'dlq.discard', 'dlq.deadletter', '9', 'entry 9', '', 'cleanup', 'success', '', '',"
+            f" 2, %s, %s{', %s' if HAS_MAC else ''}) RETURNING id",
+            params,
         )
         return int(cursor.fetchone()[0])
 
@@ -191,10 +208,11 @@ def test_forged_reanchor_excuses_nothing() -> None:
     raw(
         f"INSERT INTO {TABLE} (id, created_at, actor_id, actor_username, source_ip, action,"
         " target_type, target_id, target_repr, channel_slug, reason, before, after, changes,"
-        " outcome, plan_id, prev_hash, hash_version, index_json, detail_json, mac)"
-        f" SELECT -1, created_at, actor_id, actor_username, source_ip, action, target_type,"
+        f" outcome, plan_id, prev_hash, hash_version, index_json, detail_json{MAC_COLUMN})"
+        " SELECT -1, created_at, actor_id, actor_username, source_ip, action, target_type,"
         " target_id, target_repr, channel_slug, reason, before, %s::jsonb, changes, outcome,"
-        f" plan_id, '', 2, index_json, %s, '' FROM {TABLE} WHERE id = %s",
+        f" plan_id, '', 2, index_json, %s{', mac' if HAS_MAC else ''} FROM {TABLE}"
+        " WHERE id = %s",
         [json.dumps(facts["after"]), detail, genuine.pk],
     )
     forged_seq = seal_by_hand(-1)
@@ -243,7 +261,7 @@ def test_every_checkpoint_deleted_and_counter_reset_is_broken(signing: Path) -> 
         path.unlink()
     AuditHead.objects.filter(pk=1).update(checkpoint_number=0, checkpoint_tree_size=0)
     later = dt.datetime.now(dt.UTC) + dt.timedelta(hours=1)  # the log is an hour old
-    with mock.patch("audit.history.timezone.now", return_value=later):
+    with mock.patch("django.utils.timezone.now", return_value=later):
         result = verify_chain(checkpoint_dir=signing)
     assert not result.ok, result.summary()
     assert "no signed checkpoint, although checkpoints are configured" in result.problem
@@ -334,12 +352,10 @@ def test_insert_trigger_refuses_rows_without_a_mac_or_already_sealed() -> None:
 def test_event_dated_backwards_is_broken_even_with_a_valid_mac() -> None:
     """With the MAC key (the host), a forged event dated a day before its neighbour: the
     sealer refuses it, and sealed by hand it is BROKEN by its date."""
-    from audit.mac import event_mac
-
     write_events(2)
     neighbour = AuditEvent.objects.get(seq=2).created_at
     day_before = neighbour - dt.timedelta(days=1)
-    pk = forged_row(created_at=day_before, mac=event_mac(*forged_texts(day_before)))
+    pk = forged_row(created_at=day_before, mac=valid_mac(*forged_texts(day_before)))
     seal()
     refused = AuditEvent.objects.get(action="audit.event_refused")
     assert "dated 86400 s before an event already sealed" in refused.reason
