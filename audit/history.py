@@ -98,10 +98,10 @@ def checkpoint_history_problem(
         seq, facts = recorded
         number = facts.get("number")
         if isinstance(number, int) and number > last:
+            gone = f" #{number} was" if number == last + 1 else f"s #{last + 1}–#{number} were"
             return (
                 f"the audit log records signed checkpoint #{number} (event #{seq}) but the "
-                f"checkpoint directory ends at #{last}: checkpoints "
-                f"#{last + 1}–#{number} were deleted from the sink"
+                f"checkpoint directory ends at #{last}: checkpoint{gone} deleted from the sink"
             )
         by_number = {cp.number: cp for cp in checkpoints}
         cp = by_number.get(number) if isinstance(number, int) else None

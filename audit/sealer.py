@@ -297,8 +297,8 @@ def wake() -> None:
 def request_checkpoint() -> None:
     """Call at the end of a burst (a replay or discard plan that finishes): once the current
     transaction commits, seal everything and write a signed checkpoint at once instead of at
-    the next minute. Never raises: a checkpoint failure is kept for the audit page and
-    /metrics like the minute's."""
+    the next interval. Never raises: a checkpoint failure is kept for the audit page and
+    /metrics like the periodic one's."""
     if settings.DLO_AUDIT_SEALER == "thread":
         transaction.on_commit(_checkpoint_soon)
     else:
