@@ -59,12 +59,13 @@ def _int(value: Any) -> int | None:
 def find_anchors() -> Anchors:
     """The re-anchor and the MAC anchor of the sealed log, each checked against its own
     commitments that can be checked without walking (the rest happens during the walk)."""
-    rows = list(
-        AuditEvent.objects.filter(seq__isnull=False)
+    rows: list[tuple[int, str, str, str]] = [
+        (seq or 0, action, prev, detail)
+        for seq, action, prev, detail in AuditEvent.objects.filter(seq__isnull=False)
         .filter(Q(action=REANCHOR) | Q(action=MAC_ANCHOR))
         .order_by("seq")
         .values_list("seq", "action", "prev_hash", "detail_json")
-    )
+    ]
     anchors = Anchors()
 
     def bad(seq: int, problem: str) -> Anchors:

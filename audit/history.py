@@ -83,7 +83,7 @@ def latest_recorded() -> tuple[int, dict[str, Any]] | None:
         after = json.loads(row[1]).get("after")
     except (ValueError, AttributeError):
         after = None
-    return row[0], after if isinstance(after, dict) else {}
+    return int(row[0] or 0), after if isinstance(after, dict) else {}
 
 
 def checkpoint_history_problem(
