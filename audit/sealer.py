@@ -94,17 +94,23 @@ def _locked_head(wait: bool) -> AuditHead | None:
 
 
 def _exempt_below() -> int:
-    """Rows recorded before the MAC existed are sealed without one: those with ids below the
-    MAC anchor while it is itself unsealed (migration 0006_audit_a_mac). Once the anchor is
-    sealed every unsealed row needs a MAC (``audit verify`` holds the line by seq)."""
+    """Rows recorded before the MAC existed are sealed without one: those with ids up to the
+    MAC anchor while it is itself unsealed and no sealed row carries a MAC yet (migration
+    0006_audit_a_mac runs before any MAC is made). Otherwise every row needs a MAC, and
+    ``audit verify`` holds the same line by seq."""
     anchor = (
         AuditEvent.objects.filter(action=MAC_ANCHOR, seq__isnull=True)
         .order_by("id")
         .values_list("id", flat=True)
         .first()
     )
-    sealed_anchor = AuditEvent.objects.filter(action=MAC_ANCHOR, seq__isnull=False).exists()
-    return anchor + 1 if anchor is not None and not sealed_anchor else 0
+    if anchor is None:
+        return 0
+    if AuditEvent.objects.filter(action=MAC_ANCHOR, seq__isnull=False).exists():
+        return 0  # a second anchor is forged
+    if AuditEvent.objects.filter(seq__isnull=False).exclude(mac="").exists():
+        return 0  # MACs existed before this "anchor": forged
+    return anchor + 1
 
 
 def _latest_created(head: AuditHead) -> dt.datetime | None:

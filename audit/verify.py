@@ -276,6 +276,13 @@ def verify_log(
         matched = cp.number
     pending = [cp for cp in pending if cp.number > matched]
     first_bad = result.first_bad_seq
+    copied = _first_copied_mac() if result.ok else None
+    if copied is not None:
+        return VerifyResult(
+            False, walk.count, walk.last_seq, walk.last_hash, copied,
+            f"event #{copied} carries the same MAC as an earlier event: a copy of a genuine "
+            "event (replayed into the log)", walk.notes,
+        )  # fmt: skip
     if bad_copy is not None and (result.ok or first_bad is None or bad_copy < first_bad):
         return VerifyResult(
             False, walk.count, walk.last_seq, walk.last_hash, bad_copy,
@@ -305,6 +312,30 @@ def verify_log(
         return walk.result()
     result.checkpoints_matched = matched
     return result
+
+
+def _first_copied_mac() -> int | None:
+    """A sealed event whose MAC an earlier one carries too. The unique index ``audit_mac_unique``
+    makes that impossible while it stands (checked in the catalogue: cheap); without it (a
+    superuser dropped it), one aggregate over the table finds the copy."""
+    if connection.vendor != "postgresql":
+        return None  # SQLite (development) keeps its index; no superuser to drop it
+    table = connection.ops.quote_name(AuditEvent._meta.db_table)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT 1 FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid "
+            "WHERE c.relname = 'audit_mac_unique' AND i.indisunique AND i.indisvalid "
+            "AND i.indrelid = %s::regclass AND pg_get_expr(i.indpred, i.indrelid) IS NOT NULL",
+            [AuditEvent._meta.db_table],
+        )
+        if cursor.fetchone() is not None:
+            return None
+        cursor.execute(
+            f"SELECT max(seq) FROM {table} WHERE seq IS NOT NULL AND mac <> '' "
+            "GROUP BY mac HAVING count(*) > 1 ORDER BY max(seq) LIMIT 1"
+        )
+        row = cursor.fetchone()
+    return int(row[0]) if row else None
 
 
 def _compare(

@@ -366,3 +366,25 @@ def test_event_dated_backwards_is_broken_even_with_a_valid_mac() -> None:
     assert f"event #{seq} is dated 86400 s before an earlier event (tolerance 300 s)" in (
         result.problem
     )
+
+
+@pytest.mark.django_db
+def test_a_copy_of_a_genuine_event_is_broken() -> None:
+    """Replaying a genuine event (its MAC copied): the unique index refuses it; with the index
+    dropped and the copy sealed by hand, ``audit verify`` names the copy."""
+    write_events(3)
+    triggers.drop(connection)
+    raw("DROP INDEX audit_mac_unique")
+    raw(
+        f"INSERT INTO {TABLE} (created_at, actor_id, actor_username, source_ip, action,"
+        " target_type, target_id, target_repr, channel_slug, reason, before, after, changes,"
+        " outcome, plan_id, prev_hash, hash_version, index_json, detail_json, mac)"
+        " SELECT created_at, actor_id, actor_username, source_ip, action, target_type,"
+        " target_id, target_repr, channel_slug, reason, before, after, changes, outcome,"
+        f" plan_id, '', 2, index_json, detail_json, mac FROM {TABLE} WHERE seq = 3"
+    )
+    copy = AuditEvent.objects.get(seq__isnull=True).pk
+    seq = seal_by_hand(copy)
+    result = verify_chain()
+    assert not result.ok and result.first_bad_seq == seq, result.summary()
+    assert "carries the same MAC as an earlier event" in result.problem
