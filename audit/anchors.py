@@ -26,7 +26,7 @@ from typing import Any
 from django.conf import settings
 from django.db.models import Q
 
-from audit.mac import MacKeyError, load_key, mac_ok
+from audit.mac import MacChecker, MacKeyError, load_key
 from audit.models import AuditEvent
 
 REANCHOR = "audit.reanchor"
@@ -128,10 +128,10 @@ class RowRules:
         self.tolerance = dt.timedelta(seconds=settings.DLO_AUDIT_CLOCK_TOLERANCE_S)
         self.latest: dt.datetime | None = None
         self.notes: list[str] = []
+        self.mac_ok: MacChecker | None = None
         try:
-            self.key: bytes | None = load_key()
+            self.mac_ok = MacChecker(load_key())
         except MacKeyError as exc:
-            self.key = None
             self.notes.append(f"event MACs not checked: {exc}")
 
     def check_format(
@@ -168,8 +168,8 @@ class RowRules:
                 )
         elif (
             self.mac_anchor != seq
-            and self.key is not None
-            and not mac_ok(mac, index_json, detail_json, self.key)
+            and self.mac_ok is not None
+            and not self.mac_ok(mac, index_json, detail_json)
         ):
             return (
                 f"event #{seq} has no valid MAC: it was not written by the application "

@@ -38,7 +38,7 @@ from django.utils import timezone
 
 from audit.anchors import MAC_ANCHOR
 from audit.chain import GENESIS, MerkleFrontier, canonical_time, chain_hash, leaf_hash
-from audit.mac import load_key, mac_ok
+from audit.mac import MacChecker, load_key
 from audit.models import AuditEvent, AuditHead, RefusedEvent
 
 log = logging.getLogger(__name__)
@@ -141,7 +141,7 @@ def _seal_batch(wait: bool) -> tuple[int, list[Refusal]]:
                 f"the head's Merkle tree has {frontier.size} leaves but the head is "
                 f"#{head.seq}: the head row was altered; sealing stops until it is restored"
             )
-        key = load_key()
+        mac_ok = MacChecker(load_key())
         exempt_below = _exempt_below()
         tolerance = dt.timedelta(seconds=settings.DLO_AUDIT_CLOCK_TOLERANCE_S)
         latest = _latest_created(head)
@@ -151,8 +151,8 @@ def _seal_batch(wait: bool) -> tuple[int, list[Refusal]]:
         refused: list[Refusal] = []
         for pk, index_json, detail_json, mac, created_at, action, actor in rows:
             problem = _refusal(
-                pk, index_json, detail_json, mac, created_at, key, exempt_below, latest, future,
-                tolerance,
+                pk, index_json, detail_json, mac, created_at, mac_ok, exempt_below, latest,
+                future, tolerance,
             )  # fmt: skip
             if problem:
                 refused.append(Refusal(pk, action, actor, created_at, problem))
@@ -190,7 +190,7 @@ def _refusal(
     detail_json: str,
     mac: str,
     created_at: dt.datetime,
-    key: bytes,
+    mac_ok: MacChecker,
     exempt_below: int,
     latest: dt.datetime | None,
     future: dt.datetime,
@@ -200,7 +200,7 @@ def _refusal(
     if not index_json or not detail_json:
         return "the row has no canonical texts (a format-1 row cannot be added to the log)"
     if pk >= exempt_below and not mac_ok(
-        mac, index_json.encode("utf-8"), detail_json.encode("utf-8"), key
+        mac, index_json.encode("utf-8"), detail_json.encode("utf-8")
     ):
         return (
             "no valid MAC: the row was not written by the application (inserted directly "

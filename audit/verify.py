@@ -81,10 +81,12 @@ def _walk_pg(walk: ChainWalk, rules: RowRules) -> None:
             add = walk.add_texts
             for row in cursor:
                 seq, index_json, detail_json = row[0], row[3] or b"", row[4] or b""
-                problem = check_format(seq, row[5], index_json, detail_json, row[6])
-                if problem:
-                    walk.fail(seq, problem)
-                    return
+                # The common case (a format-2 row after the re-anchor) without a call.
+                if not (seq > legacy and row[5] == 2 and index_json and detail_json):
+                    problem = check_format(seq, row[5], index_json, detail_json, row[6])
+                    if problem:
+                        walk.fail(seq, problem)
+                        return
                 if seq > legacy:
                     if not add(seq, row[1], row[2], index_json, detail_json):
                         return
