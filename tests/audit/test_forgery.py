@@ -388,3 +388,17 @@ def test_a_copy_of_a_genuine_event_is_broken() -> None:
     result = verify_chain()
     assert not result.ok and result.first_bad_seq == seq, result.summary()
     assert "carries the same MAC as an earlier event" in result.problem
+
+
+# -- 5. the window: a checkpoint interval --------------------------------------------------
+
+
+def test_checkpoints_are_due_every_ten_seconds_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    from django.conf import settings
+
+    from dashboard.periodic import PERIODIC_JOBS, _seconds
+
+    assert PERIODIC_JOBS["audit-checkpoint"] == ("audit.tasks.write_audit_checkpoint_task", 10.0)
+    assert settings.DLO_AUDIT_CHECKPOINT_INTERVAL_S == 10
+    monkeypatch.setenv("DLO_AUDIT_CHECKPOINT_INTERVAL_S", "3")
+    assert _seconds("DLO_AUDIT_CHECKPOINT_INTERVAL_S", 10.0) == 3.0
