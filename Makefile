@@ -16,9 +16,10 @@ venv: $(STAMP)
 
 ## make run: the dashboard on http://127.0.0.1:8000 with embedded defaults (SQLite, in-memory
 ## channel layer, in-process scheduler). The first run creates the schema and an admin login,
-## and, unless DLO_AUDIT_SIGNING_KEY / DLO_AUDIT_CHECKPOINT_DIR are set, a local audit
-## checkpoint signing key and directory under .audit/.
+## and, unless DLO_AUDIT_SIGNING_KEY / DLO_AUDIT_MAC_KEY / DLO_AUDIT_CHECKPOINT_DIR are set, a
+## local audit checkpoint signing key, event MAC key and checkpoint directory under .audit/.
 AUDIT_ENV := DLO_AUDIT_SIGNING_KEY=$${DLO_AUDIT_SIGNING_KEY:-.audit/signing.key} \
+	DLO_AUDIT_MAC_KEY=$${DLO_AUDIT_MAC_KEY:-.audit/mac.key} \
 	DLO_AUDIT_CHECKPOINT_DIR=$${DLO_AUDIT_CHECKPOINT_DIR:-.audit/checkpoints}
 run: $(STAMP)
 	$(BIN)/python manage.py migrate --noinput

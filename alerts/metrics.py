@@ -332,7 +332,8 @@ class DloCollector:
 
     def _audit(self) -> Iterator[Metric]:
         """The audit log's sealing window and its checkpoints (alert on
-        ``dlo_audit_checkpoint_ok == 0`` or ``dlo_audit_unsealed_oldest_seconds > 30``)."""
+        ``dlo_audit_checkpoint_ok == 0``, ``dlo_audit_unsealed_oldest_seconds > 30`` or
+        ``dlo_audit_refused_events > 0``)."""
         from audit.status import log_status
 
         status = log_status(self.now)
@@ -343,6 +344,11 @@ class DloCollector:
                 "dlo_audit_unsealed_oldest_seconds",
                 "Age of the oldest audit event not sealed yet (0 when none).",
                 status.unsealed_age_s,
+            ),
+            (
+                "dlo_audit_refused_events",
+                "Audit rows the sealer refused (no valid MAC, or misdated): alert on > 0.",
+                status.refused,
             ),
             (
                 "dlo_audit_checkpoint_ok",

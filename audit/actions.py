@@ -27,6 +27,7 @@ from audit.chain import (
     canonical_json,
     canonical_time,
 )
+from audit.mac import event_mac, load_key
 from audit.models import AuditEvent, AuditHead, ChainVerification, Outcome
 from dashboard.proxy import client_address
 
@@ -167,8 +168,15 @@ def _event_fields(
         seq=None,
         prev_hash="",
         hash=None,
+        mac="",  # set by the writer (``_sign``) once the texts are final
     )
     return columns
+
+
+def _sign(fields: dict[str, Any], key: bytes) -> dict[str, Any]:
+    """The application's MAC over the event's texts (``audit.mac``), in place."""
+    fields["mac"] = event_mac(fields["index_json"], fields["detail_json"], key)
+    return fields
 
 
 def record(
@@ -209,6 +217,7 @@ def record(
         changes=changes,
         outcome=outcome,
     )
+    _sign(fields, load_key())
     with transaction.atomic():
         event = AuditEvent(**fields)
         event.save(force_insert=True)
@@ -338,20 +347,24 @@ def record_many(specs: list[EventSpec], *, actor: Actor) -> int:
     if not specs:
         return 0
     now = timezone.now()
+    key = load_key()
     rows = [
-        _event_fields(
-            now=now,
-            actor=actor,
-            action=spec.action,
-            target_type=spec.target_type,
-            target_id=spec.target_id,
-            target_repr=spec.target_repr,
-            channel_slug=spec.channel_slug,
-            reason=spec.reason,
-            before=None,
-            after=spec.after,
-            changes=None,
-            outcome=spec.outcome,
+        _sign(
+            _event_fields(
+                now=now,
+                actor=actor,
+                action=spec.action,
+                target_type=spec.target_type,
+                target_id=spec.target_id,
+                target_repr=spec.target_repr,
+                channel_slug=spec.channel_slug,
+                reason=spec.reason,
+                before=None,
+                after=spec.after,
+                changes=None,
+                outcome=spec.outcome,
+            ),
+            key,
         )
         for spec in specs
     ]

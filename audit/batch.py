@@ -24,6 +24,7 @@ from django.utils import timezone
 
 from audit import sealer
 from audit.actions import _COPY_FIELDS, Actor, EventSpec, _event_fields, _text, record_many
+from audit.mac import event_mac, load_key
 from audit.models import AuditEvent
 
 # Private-use code points: never produced by the escaping of canonical JSON, and a shared value
@@ -213,17 +214,22 @@ def _copy_uniform(template: UniformEvents, rows: Sequence[Row], filled: list[lis
     names = [f.attname for f in _COPY_FIELDS]
     at = {name: names.index(name) for name in _VARYING_COLUMNS}
     i_id, i_repr, i_after = at["target_id"], at["target_repr"], at["after"]
-    i_index, i_detail = at["index_json"], at["detail_json"]
+    i_index, i_detail, i_mac = at["index_json"], at["detail_json"], at["mac"]
     # Escaping is per character: the template's pieces are escaped once, then only the values.
-    index, detail, after = (_escaped(t) for t in (template.index, template.detail, template.after))
+    after = _escaped(template.after)
+    index, detail = template.index, template.detail
+    key = load_key()
     lines = []
     for row, values in zip(rows, filled, strict=True):
         escaped = [_esc(v) for v in values]
         line[i_id] = _esc(_text(str(row[0]), 64))
         line[i_repr] = _esc(_text(str(row[1]), 300))
         line[i_after] = after.fill(escaped)
-        line[i_index] = index.fill(escaped)
-        line[i_detail] = detail.fill(escaped)
+        # The MAC is over the texts as stored (unescaped), so these are filled plain.
+        index_json, detail_json = index.fill(values), detail.fill(values)
+        line[i_index] = _esc(index_json)
+        line[i_detail] = _esc(detail_json)
+        line[i_mac] = event_mac(index_json, detail_json, key)
         lines.append("\t".join(line))
     lines.append("")
     columns = ", ".join(connection.ops.quote_name(f.column or f.attname) for f in _COPY_FIELDS)
@@ -235,4 +241,4 @@ def _copy_uniform(template: UniformEvents, rows: Sequence[Row], filled: list[lis
         copy.write("\n".join(lines))
 
 
-_VARYING_COLUMNS = ("target_id", "target_repr", "after", "index_json", "detail_json")
+_VARYING_COLUMNS = ("target_id", "target_repr", "after", "index_json", "detail_json", "mac")

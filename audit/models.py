@@ -49,9 +49,18 @@ class AuditEvent(models.Model):
     hash_version = models.PositiveSmallIntegerField(default=2)
     index_json = models.TextField(blank=True)
     detail_json = models.TextField(blank=True)
+    # The application's MAC over the two texts (``audit.mac``): not hashed into the chain, but
+    # required by the sealer and by ``audit verify`` for every event after the MAC anchor.
+    mac = models.CharField(max_length=96, blank=True)
 
     class Meta:
         ordering = ["seq"]
+        constraints = [
+            # A copy of a genuine row carries the same MAC (its nonce included): refused.
+            models.UniqueConstraint(
+                fields=["mac"], condition=~models.Q(mac=""), name="audit_mac_unique"
+            ),
+        ]
         indexes = [
             models.Index(fields=["target_type", "target_id", "seq"]),
             models.Index(fields=["actor_username", "seq"]),
@@ -122,9 +131,25 @@ class AuditHead(models.Model):
     checkpoint_at = models.DateTimeField(null=True, blank=True)
     checkpoint_error = models.TextField(blank=True)
     checkpoint_error_at = models.DateTimeField(null=True, blank=True)
+    # The latest created_at sealed so far: the sealer refuses a row dated further back than
+    # DLO_AUDIT_CLOCK_TOLERANCE_S (``audit verify`` checks the same over the whole log).
+    created_max = models.DateTimeField(null=True, blank=True)
 
     def __str__(self) -> str:
         return f"head #{self.seq}"
+
+
+class RefusedEvent(models.Model):
+    """An unsealed row the sealer refused (no valid MAC, or dated too far before the log's
+    head): it stays out of the chain, and is shown on the audit page and in ``/metrics``. The
+    sealer also records an ``audit.event_refused`` event for it (the alarm)."""
+
+    event_id = models.BigIntegerField(unique=True)
+    refused_at = models.DateTimeField(auto_now_add=True)
+    problem = models.TextField()
+
+    def __str__(self) -> str:
+        return f"refused row id={self.event_id}: {self.problem}"
 
 
 class ChainVerification(models.Model):

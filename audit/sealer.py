@@ -23,6 +23,7 @@ Who seals (``DLO_AUDIT_SEALER``):
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import datetime as dt
 import logging
 import os
@@ -35,8 +36,10 @@ from django.conf import settings
 from django.db import DatabaseError, InterfaceError, connection, transaction
 from django.utils import timezone
 
-from audit.chain import GENESIS, MerkleFrontier, chain_hash, leaf_hash
-from audit.models import AuditEvent, AuditHead
+from audit.anchors import MAC_ANCHOR
+from audit.chain import GENESIS, MerkleFrontier, canonical_time, chain_hash, leaf_hash
+from audit.mac import MacChecker, load_key
+from audit.models import AuditEvent, AuditHead, RefusedEvent
 
 log = logging.getLogger(__name__)
 
@@ -51,14 +54,28 @@ class HeadMissing(RuntimeError):
 
 def seal(*, wait: bool = False) -> int:
     """Seal every unsealed event (up to ``MAX_PER_RUN``); returns how many. With ``wait``
-    False another sealer at work makes this return 0 at once."""
+    False another sealer at work makes this return 0 at once. Rows without a valid MAC (or
+    misdated) are refused, kept out of the chain and alarmed on (``_alarm``)."""
     total = 0
-    while total < MAX_PER_RUN:
-        sealed = _seal_batch(wait)
+    processed = 0
+    while processed < MAX_PER_RUN:
+        sealed, refused = _seal_batch(wait)
         total += sealed
-        if sealed < BATCH:
+        processed += sealed + len(refused)
+        if refused:
+            _alarm(refused)
+        if sealed + len(refused) < BATCH:
             break
     return total
+
+
+@dataclasses.dataclass(frozen=True)
+class Refusal:
+    event_id: int
+    action: str
+    actor: str
+    created_at: dt.datetime
+    problem: str
 
 
 def _locked_head(wait: bool) -> AuditHead | None:
@@ -76,27 +93,71 @@ def _locked_head(wait: bool) -> AuditHead | None:
     return AuditHead.objects.select_for_update(skip_locked=not wait).filter(pk=1).first()
 
 
-def _seal_batch(wait: bool) -> int:
+def _exempt_below() -> int:
+    """Rows recorded before the MAC existed are sealed without one: those with ids up to the
+    MAC anchor while it is itself unsealed and no sealed row carries a MAC yet (migration
+    0006_audit_a_mac runs before any MAC is made). Otherwise every row needs a MAC, and
+    ``audit verify`` holds the same line by seq."""
+    anchor = (
+        AuditEvent.objects.filter(action=MAC_ANCHOR, seq__isnull=True)
+        .order_by("id")
+        .values_list("id", flat=True)
+        .first()
+    )
+    if anchor is None:
+        return 0
+    if AuditEvent.objects.filter(action=MAC_ANCHOR, seq__isnull=False).exists():
+        return 0  # a second anchor is forged
+    if AuditEvent.objects.filter(seq__isnull=False).exclude(mac="").exists():
+        return 0  # MACs existed before this "anchor": forged
+    return anchor + 1
+
+
+def _latest_created(head: AuditHead) -> dt.datetime | None:
+    if head.created_max is not None or not head.seq:
+        return head.created_max
+    return AuditEvent.objects.filter(seq=head.seq).values_list("created_at", flat=True).first()
+
+
+def _seal_batch(wait: bool) -> tuple[int, list[Refusal]]:
     with transaction.atomic():
         head = _locked_head(wait)
         if head is None:
-            return 0
+            return 0, []
         rows = list(
             AuditEvent.objects.filter(seq__isnull=True)
+            .exclude(id__in=RefusedEvent.objects.values("event_id"))
             .order_by("id")
-            .values_list("id", "index_json", "detail_json")[:BATCH]
-        )
+            .values_list(
+                "id", "index_json", "detail_json", "mac", "created_at", "action",
+                "actor_username",
+            )[:BATCH]
+        )  # fmt: skip
         if not rows:
-            return 0
+            return 0, []
         frontier = MerkleFrontier.loads(head.frontier)
         if frontier.size != head.seq:
             raise HeadMissing(
                 f"the head's Merkle tree has {frontier.size} leaves but the head is "
                 f"#{head.seq}: the head row was altered; sealing stops until it is restored"
             )
+        mac_ok = MacChecker(load_key())
+        exempt_below = _exempt_below()
+        tolerance = dt.timedelta(seconds=settings.DLO_AUDIT_CLOCK_TOLERANCE_S)
+        latest = _latest_created(head)
+        future = timezone.now() + tolerance
         seq, prev = head.seq, head.hash or GENESIS
         ids, seqs, prevs, hashes = [], [], [], []
-        for pk, index_json, detail_json in rows:
+        refused: list[Refusal] = []
+        for pk, index_json, detail_json, mac, created_at, action, actor in rows:
+            problem = _refusal(
+                pk, index_json, detail_json, mac, created_at, mac_ok, exempt_below, latest,
+                future, tolerance,
+            )  # fmt: skip
+            if problem:
+                refused.append(Refusal(pk, action, actor, created_at, problem))
+                continue
+            latest = created_at if latest is None else max(latest, created_at)
             seq += 1
             leaf = leaf_hash(index_json, detail_json)
             digest = chain_hash(prev, leaf)
@@ -106,11 +167,80 @@ def _seal_batch(wait: bool) -> int:
             prevs.append(prev)
             hashes.append(digest)
             prev = digest
-        _apply(ids, seqs, prevs, hashes)
-        AuditHead.objects.filter(pk=1).update(
-            seq=seq, hash=prev, frontier=frontier.dumps(), sealed_at=timezone.now()
+        if refused:
+            RefusedEvent.objects.bulk_create(
+                [RefusedEvent(event_id=r.event_id, problem=r.problem) for r in refused],
+                ignore_conflicts=True,
+            )
+        if ids:
+            _apply(ids, seqs, prevs, hashes)
+            AuditHead.objects.filter(pk=1).update(
+                seq=seq,
+                hash=prev,
+                frontier=frontier.dumps(),
+                sealed_at=timezone.now(),
+                created_max=latest,
+            )
+    return len(ids), refused
+
+
+def _refusal(
+    pk: int,
+    index_json: str,
+    detail_json: str,
+    mac: str,
+    created_at: dt.datetime,
+    mac_ok: MacChecker,
+    exempt_below: int,
+    latest: dt.datetime | None,
+    future: dt.datetime,
+    tolerance: dt.timedelta,
+) -> str:
+    """Why a row may not join the chain ("" when it may)."""
+    if not index_json or not detail_json:
+        return "the row has no canonical texts (a format-1 row cannot be added to the log)"
+    if pk >= exempt_below and not mac_ok(
+        mac, index_json.encode("utf-8"), detail_json.encode("utf-8")
+    ):
+        return (
+            "no valid MAC: the row was not written by the application (inserted directly "
+            "into the database)"
         )
-    return len(rows)
+    if latest is not None and created_at < latest - tolerance:
+        behind = (latest - created_at).total_seconds()
+        return (
+            f"dated {behind:.0f} s before an event already sealed (tolerance "
+            f"{tolerance.total_seconds():.0f} s): misdated or inserted late"
+        )
+    if created_at > future:
+        return "dated in the future beyond the clock tolerance"
+    return ""
+
+
+def _alarm(refused: list[Refusal]) -> None:
+    """An alarm per refused row: an error in the log and an audited event (the application
+    writes it, with its MAC); the audit page and /metrics count ``RefusedEvent`` rows."""
+    from audit.actions import Actor, record  # the actions module imports this one
+
+    for r in refused:
+        log.error(
+            "audit sealer refused row id=%s (action %r, actor %r): %s",
+            r.event_id, r.action[:64], r.actor[:150], r.problem,
+        )  # fmt: skip
+        record(
+            "audit.event_refused",
+            actor=Actor.system("audit-sealer"),
+            target_type="audit.auditevent",
+            target_id=r.event_id,
+            target_repr=f"unsealed row id={r.event_id}",
+            reason=r.problem,
+            after={
+                "action": r.action[:64],
+                "actor": r.actor[:150],
+                "created_at": canonical_time(r.created_at),
+            },
+            outcome="failed",
+        )
 
 
 def _apply(ids: list[int], seqs: list[int], prevs: list[str], hashes: list[str]) -> None:
@@ -173,8 +303,8 @@ def wake() -> None:
 def request_checkpoint() -> None:
     """Call at the end of a burst (a replay or discard plan that finishes): once the current
     transaction commits, seal everything and write a signed checkpoint at once instead of at
-    the next minute. Never raises: a checkpoint failure is kept for the audit page and
-    /metrics like the minute's."""
+    the next interval. Never raises: a checkpoint failure is kept for the audit page and
+    /metrics like the periodic one's."""
     if settings.DLO_AUDIT_SEALER == "thread":
         transaction.on_commit(_checkpoint_soon)
     else:
@@ -235,7 +365,11 @@ STATUS_LIMIT = 100_000  # the count shown stops here (a bounded read of the part
 def unsealed_status() -> dict[str, Any]:
     """How many events wait to be sealed (up to ``STATUS_LIMIT``) and how old the oldest is
     (seconds): a bounded read of the unsealed rows' partial index, no COUNT."""
-    pending = AuditEvent.objects.filter(seq__isnull=True).order_by("id")
+    pending = (
+        AuditEvent.objects.filter(seq__isnull=True)
+        .exclude(id__in=RefusedEvent.objects.values("event_id"))
+        .order_by("id")
+    )
     count = len(pending.values_list("id", flat=True)[:STATUS_LIMIT])
     oldest: dt.datetime | None = (
         pending.order_by("created_at").values_list("created_at", flat=True).first()
@@ -243,4 +377,5 @@ def unsealed_status() -> dict[str, Any]:
         else None
     )
     age = (timezone.now() - oldest).total_seconds() if oldest else 0.0
-    return {"count": count, "oldest_age_s": max(age, 0.0)}
+    refused = RefusedEvent.objects.count()  # a handful, or an attack in progress
+    return {"count": count, "oldest_age_s": max(age, 0.0), "refused": refused}

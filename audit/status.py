@@ -25,6 +25,7 @@ class LogStatus:
     unsealed: int
     unsealed_age_s: float
     unsealed_late: bool
+    refused: int  # rows the sealer refused (no valid MAC, misdated): an attack or a bug
     configured: bool
     checkpoint: Checkpoint | None
     checkpoint_age_s: float | None
@@ -99,6 +100,12 @@ def log_status(now: dt.datetime | None = None) -> LogStatus:
     )
     if configured and not error and late:
         problems.append("No checkpoint for more than three minutes although the log grew.")
+    if unsealed["refused"]:
+        problems.append(
+            f"The sealer refused {unsealed['refused']} audit events without a valid MAC or "
+            "dated too far back: rows not written by the application (see the "
+            "audit.event_refused events)."
+        )
     unsealed_late = unsealed["oldest_age_s"] > settings.DLO_AUDIT_UNSEALED_WARN_S
     if unsealed_late:
         problems.append(
@@ -110,6 +117,7 @@ def log_status(now: dt.datetime | None = None) -> LogStatus:
         unsealed=unsealed["count"],
         unsealed_age_s=unsealed["oldest_age_s"],
         unsealed_late=unsealed_late,
+        refused=unsealed["refused"],
         configured=configured,
         checkpoint=latest,
         checkpoint_age_s=age,

@@ -28,12 +28,14 @@ def seal_audit_events_task() -> int:
 
 @shared_task(ignore_result=True)
 def write_audit_checkpoint_task() -> int:
-    """The minute's signed checkpoint (nothing when the log did not grow). A failure is kept
-    for the audit page, /metrics and the alert; recording is never affected."""
-    from audit.checkpoints import CheckpointError, write_checkpoint
+    """The interval's signed checkpoint (nothing when the log did not grow), recorded in the
+    log itself (``audit.history``). A failure is kept for the audit page, /metrics and the
+    alert; recording is never affected."""
+    from audit.checkpoints import CheckpointError
+    from audit.history import write_recorded_checkpoint
 
     try:
-        checkpoint = write_checkpoint()
+        checkpoint = write_recorded_checkpoint()
     except CheckpointError as exc:
         log.error("audit checkpoint not written: %s", exc)
         return 0

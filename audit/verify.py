@@ -9,8 +9,9 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from django.db import connection, transaction
+from django.db import DataError, connection, transaction
 
+from audit.anchors import RowRules, find_anchors
 from audit.chain import (
     DETAIL_FIELDS,
     INDEX_COLUMNS,
@@ -20,6 +21,7 @@ from audit.chain import (
     canonical_time,
 )
 from audit.checkpoints import Checkpoint, read_dir, trusted_keys, verify_chain_of_checkpoints
+from audit.history import checkpoint_history_problem
 from audit.models import AuditEvent, AuditHead
 
 FETCH = 10_000  # rows per round trip of the server-side cursor
@@ -41,7 +43,7 @@ _PG_INDEX_TEXT = """
 || '}'
 """
 _PG_COPIES_OK = f"""
-CASE WHEN hash_version = 2 THEN (
+CASE WHEN seq > %s THEN (
   (index_json = {_PG_INDEX_TEXT} OR index_json::jsonb = jsonb_build_object(
     'action', action, 'actor', actor_username, 'channel', channel_slug,
     'created_at', to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
@@ -55,15 +57,19 @@ CASE WHEN hash_version = 2 THEN (
 """
 
 
-def _walk_pg(walk: ChainWalk) -> None:
-    """The sealed events in seq order through a server-side cursor; format-2 rows go straight
-    to ``ChainWalk.add_texts`` as bytes, format-1 rows as dicts."""
-    v1 = ", ".join(f"CASE WHEN hash_version = 1 THEN {c} END" for c in _V1)
+def _walk_pg(walk: ChainWalk, rules: RowRules) -> None:
+    """The sealed events in seq order through a server-side cursor: format-2 rows (by their
+    place, ``rules.legacy``) go straight to ``ChainWalk.add_texts`` as bytes, format-1 rows
+    as dicts; each row first passes ``rules``."""
+    v1 = ", ".join(f"CASE WHEN seq <= %s THEN {c} END" for c in _V1)
     table = connection.ops.quote_name(AuditEvent._meta.db_table)
     sql = (
         f"SELECT seq, prev_hash, hash, convert_to(index_json, 'UTF8'), "
-        f"convert_to(detail_json, 'UTF8'), {v1} FROM {table} WHERE seq IS NOT NULL ORDER BY seq"
+        f"convert_to(detail_json, 'UTF8'), hash_version, plan_id, mac, created_at, {v1} "
+        f"FROM {table} WHERE seq IS NOT NULL ORDER BY seq"
     )
+    legacy = rules.legacy
+    check_format, check_origin = rules.check_format, rules.check_origin
     with transaction.atomic():
         connection.ensure_connection()
         raw = connection.connection
@@ -71,52 +77,96 @@ def _walk_pg(walk: ChainWalk) -> None:
         # Binary results: the texts arrive as the UTF-8 bytes that are hashed, undecoded.
         with raw.cursor(name="dlo_audit_verify", binary=True) as cursor:
             cursor.itersize = FETCH
-            cursor.execute(sql)
+            cursor.execute(sql, [legacy] * len(_V1))
             add = walk.add_texts
             for row in cursor:
-                if row[3]:
-                    if not add(row[0], row[1], row[2], row[3], row[4]):
+                seq, index_json, detail_json = row[0], row[3] or b"", row[4] or b""
+                # The common case (a format-2 row after the re-anchor) without a call.
+                if not (seq > legacy and row[5] == 2 and index_json and detail_json):
+                    problem = check_format(seq, row[5], index_json, detail_json, row[6])
+                    if problem:
+                        walk.fail(seq, problem)
                         return
-                    continue
-                event = dict(zip(_V1, row[5:], strict=True))
-                event.update(seq=row[0], prev_hash=row[1], hash=row[2])
-                event["created_at"] = canonical_time(event["created_at"])
-                if event["source_ip"] is not None:
-                    event["source_ip"] = str(event["source_ip"])
-                if not walk.add(event):
+                if seq > legacy:
+                    if not add(seq, row[1], row[2], index_json, detail_json):
+                        return
+                else:
+                    event = dict(zip(_V1, row[9:], strict=True))
+                    event.update(seq=seq, prev_hash=row[1], hash=row[2])
+                    event["created_at"] = canonical_time(event["created_at"])
+                    if event["source_ip"] is not None:
+                        event["source_ip"] = str(event["source_ip"])
+                    if not walk.add(event):
+                        return
+                problem = check_origin(seq, index_json, detail_json, row[7], row[8])
+                if problem:
+                    walk.fail(seq, problem)
                     return
 
 
-def _first_bad_copy_pg() -> int | None:
-    """The first format-2 event whose searchable/display columns differ from its texts."""
+def _first_bad_copy_pg(legacy: int) -> int | None:
+    """The first format-2 event (by place) whose searchable/display columns differ from its
+    texts."""
     table = connection.ops.quote_name(AuditEvent._meta.db_table)
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"SELECT min(seq) FROM {table} WHERE seq IS NOT NULL AND hash_version = 2 "
-            f"AND NOT COALESCE({_PG_COPIES_OK}, false)"
-        )
-        row = cursor.fetchone()
+    try:
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute(
+                f"SELECT min(seq) FROM {table} WHERE seq IS NOT NULL AND seq > %s "
+                f"AND NOT COALESCE({_PG_COPIES_OK}, false)",
+                [legacy, legacy],
+            )
+            row = cursor.fetchone()
+    except DataError:
+        # A text that is not JSON at all (only tampering writes one): find it row by row.
+        return _first_bad_copy_python(legacy)
     return row[0] if row else None
 
 
-def _first_bad_copy_threaded(found: list[int | None]) -> None:
+def _first_bad_copy_python(legacy: int) -> int | None:
+    names = ["seq", "index_json", "detail_json", "plan_id", "created_at", *_V1]
+    rows = AuditEvent.objects.filter(seq__gt=legacy).order_by("seq").values(*names)
+    for row in rows.iterator(chunk_size=FETCH):
+        row["created_at"] = canonical_time(row["created_at"])
+        if row["source_ip"] is not None:
+            row["source_ip"] = str(row["source_ip"])
+        if not _copies_match(row):
+            return int(row["seq"])
+    return None
+
+
+def _first_bad_copy_threaded(found: list[int | None], legacy: int) -> None:
     try:
-        found.append(_first_bad_copy_pg())
+        found.append(_first_bad_copy_pg(legacy))
     finally:
         connection.close()
 
 
-def _walk_orm(walk: ChainWalk) -> int | None:
+def _walk_orm(walk: ChainWalk, rules: RowRules) -> int | None:
     """SQLite (development): the same walk through the ORM; returns the first bad copy."""
-    names = ["seq", "prev_hash", "hash", "index_json", "detail_json", "plan_id", *_V1]
+    names = [
+        "seq", "prev_hash", "hash", "index_json", "detail_json", "plan_id", "hash_version",
+        "mac", *_V1,
+    ]  # fmt: skip
     events = AuditEvent.objects.filter(seq__isnull=False).order_by("seq").values(*names)
     first_bad: int | None = None
     for row in events.iterator(chunk_size=FETCH):
-        row["created_at"] = canonical_time(row["created_at"])
-        if row["index_json"] and first_bad is None and not _copies_match(row):
-            first_bad = row["seq"]
+        seq, created_at = row["seq"], row["created_at"]
+        index_json, detail_json = row["index_json"].encode(), row["detail_json"].encode()
+        problem = rules.check_format(
+            seq, row["hash_version"], index_json, detail_json, row["plan_id"]
+        )
+        if problem:
+            walk.fail(seq, problem)
+            break
+        row["created_at"] = canonical_time(created_at)
+        if seq > rules.legacy and first_bad is None and not _copies_match(row):
+            first_bad = seq
         text_row = {k: row[k] for k in ("seq", "prev_hash", "hash", "index_json", "detail_json")}
-        if not walk.add(text_row if row["index_json"] else row):
+        if not walk.add(text_row if seq > rules.legacy else {**row, "index_json": ""}):
+            break
+        problem = rules.check_origin(seq, index_json, detail_json, row["mac"], created_at)
+        if problem:
+            walk.fail(seq, problem)
             break
     return first_bad
 
@@ -127,27 +177,29 @@ def _copies_match(row: dict[str, Any]) -> bool:
         index, detail = json.loads(row["index_json"]), json.loads(row["detail_json"])
     except ValueError:
         return False
+    if not isinstance(index, dict) or not isinstance(detail, dict):
+        return False
     return all(
         index.get(field) == row[INDEX_COLUMNS.get(field, field)] for field in INDEX_FIELDS
     ) and all(detail.get(field) == row[field] for field in DETAIL_FIELDS)
 
 
-def walk_stored(walk: ChainWalk) -> int | None:
+def walk_stored(walk: ChainWalk, rules: RowRules) -> int | None:
     """Run ``walk`` over the sealed log; returns the first event whose copies differ from its
     texts. On PostgreSQL that check runs as one query on a second connection, in parallel
     with the walk (in the caller's connection when inside a transaction, which a second
     connection could not see)."""
     if connection.vendor != "postgresql":
-        return _walk_orm(walk)
+        return _walk_orm(walk, rules)
     if connection.in_atomic_block:
-        bad = _first_bad_copy_pg()
-        _walk_pg(walk)
+        bad = _first_bad_copy_pg(rules.legacy)
+        _walk_pg(walk, rules)
         return bad
     found: list[int | None] = []
-    checker = threading.Thread(target=_first_bad_copy_threaded, args=(found,))
+    checker = threading.Thread(target=_first_bad_copy_threaded, args=(found, rules.legacy))
     checker.start()
     try:
-        _walk_pg(walk)
+        _walk_pg(walk, rules)
     finally:
         checker.join()
     return found[0] if found else None
@@ -169,11 +221,21 @@ def verify_log(
         if not check.ok:
             return VerifyResult(False, 0, None, "", None, check.problem, [], check.bad_number)
         checkpoints = check.checkpoints
+        history = checkpoint_history_problem(checkpoints, head)
+        if history:
+            return VerifyResult(False, 0, None, "", None, history, [], None)
+    anchors = find_anchors()
+    if anchors.problem:
+        return VerifyResult(False, 0, None, "", anchors.bad_seq, anchors.problem)
+    rules = RowRules(anchors)
     walk = ChainWalk()
-    walk.tolerated = _known_bad_at_reanchor()
+    walk.notes.extend(rules.notes)
+    walk.tolerated = anchors.tolerated
     pending = [cp for cp in checkpoints if cp.tree_size > 0]
     matched = 0
-    sizes = {cp.tree_size: cp for cp in pending}
+    sizes: dict[int, Checkpoint | None] = {cp.tree_size: cp for cp in pending}
+    if anchors.legacy_events:
+        sizes.setdefault(anchors.legacy_events, None)  # the root the re-anchor commits to
     roots: dict[int, tuple[str, str]] = {}
     if sizes:
         # Remember the root at each checkpoint's size as the walk passes it (a wrapper on the
@@ -187,8 +249,21 @@ def verify_log(
                 roots[frontier.size] = (frontier.root(), walk.pending_hash)
 
         frontier.append = remembering  # type: ignore[method-assign]
-    bad_copy = walk_stored(walk)
+    bad_copy = walk_stored(walk, rules)
     result = walk.result()
+    legacy_root = roots.get(anchors.legacy_events, ("", ""))[0]
+    if (
+        anchors.legacy_events
+        and legacy_root
+        and legacy_root != anchors.legacy_root
+        and (result.ok or (result.first_bad_seq or 0) > anchors.legacy_events)
+    ):
+        return VerifyResult(
+                False, walk.count, walk.last_seq, walk.last_hash, anchors.reanchor_seq,
+                f"the re-anchor (#{anchors.reanchor_seq}) commits to a Merkle root over "
+                f"{anchors.legacy_events} format-1 events that they no longer have: format-1 "
+                "events were replaced", walk.notes,
+            )  # fmt: skip
     for cp in pending:
         if cp.tree_size not in roots:
             break
@@ -203,6 +278,13 @@ def verify_log(
         matched = cp.number
     pending = [cp for cp in pending if cp.number > matched]
     first_bad = result.first_bad_seq
+    copied = _first_copied_mac() if result.ok else None
+    if copied is not None:
+        return VerifyResult(
+            False, walk.count, walk.last_seq, walk.last_hash, copied,
+            f"event #{copied} carries the same MAC as an earlier event: a copy of a genuine "
+            "event (replayed into the log)", walk.notes,
+        )  # fmt: skip
     if bad_copy is not None and (result.ok or first_bad is None or bad_copy < first_bad):
         return VerifyResult(
             False, walk.count, walk.last_seq, walk.last_hash, bad_copy,
@@ -234,6 +316,30 @@ def verify_log(
     return result
 
 
+def _first_copied_mac() -> int | None:
+    """A sealed event whose MAC an earlier one carries too. The unique index ``audit_mac_unique``
+    makes that impossible while it stands (checked in the catalogue: cheap); without it (a
+    superuser dropped it), one aggregate over the table finds the copy."""
+    if connection.vendor != "postgresql":
+        return None  # SQLite (development) keeps its index; no superuser to drop it
+    table = connection.ops.quote_name(AuditEvent._meta.db_table)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT 1 FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid "
+            "WHERE c.relname = 'audit_mac_unique' AND i.indisunique AND i.indisvalid "
+            "AND i.indrelid = %s::regclass AND pg_get_expr(i.indpred, i.indrelid) IS NOT NULL",
+            [AuditEvent._meta.db_table],
+        )
+        if cursor.fetchone() is not None:
+            return None
+        cursor.execute(
+            f"SELECT max(seq) FROM {table} WHERE seq IS NOT NULL AND mac <> '' "
+            "GROUP BY mac HAVING count(*) > 1 ORDER BY max(seq) LIMIT 1"
+        )
+        row = cursor.fetchone()
+    return int(row[0]) if row else None
+
+
 def _compare(
     cp: Checkpoint, at_size: tuple[str, str], matched: int, all_cps: list[Checkpoint]
 ) -> str:
@@ -247,13 +353,3 @@ def _compare(
         f"#{cp.tree_size} were rewritten after it was signed (even with re-computed hashes)"
         + (f"; checkpoint #{matched} still matches" if matched else "")
     )
-
-
-def _known_bad_at_reanchor() -> set[int]:
-    """Format-1 seqs that already failed when the log was re-anchored (the migration records
-    them in its ``audit.reanchor`` event): reported, not confused with later tampering."""
-    event = AuditEvent.objects.filter(action="audit.reanchor").order_by("id").first()
-    if event is None or not event.detail_json:
-        return set()
-    after = json.loads(event.detail_json).get("after") or {}
-    return {int(seq) for seq in after.get("legacy_failures", [])}

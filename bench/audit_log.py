@@ -199,6 +199,7 @@ def _sealed_rows(first_seq: int, count: int, prev: str, frontier: Any) -> tuple[
 
     from audit.actions import Actor, _event_fields
     from audit.chain import chain_hash, leaf_hash
+    from audit.mac import event_mac
 
     rows = []
     now = timezone.now()
@@ -214,6 +215,7 @@ def _sealed_rows(first_seq: int, count: int, prev: str, frontier: Any) -> tuple[
         digest = chain_hash(prev, leaf)
         frontier.append(leaf)
         fields.update(seq=n, prev_hash=prev, hash=digest)
+        fields["mac"] = event_mac(fields["index_json"], fields["detail_json"])
         rows.append(fields)
         prev = digest
     return rows, prev
@@ -239,6 +241,7 @@ def verify_million() -> None:
     head = AuditHead.objects.get(pk=1)
     frontier, prev, seq = MerkleFrontier.loads(head.frontier), head.hash or GENESIS, head.seq
     start = time.perf_counter()
+    triggers.drop(connection)  # sealed rows straight in, past the insert trigger
     while seq < VERIFY_EVENTS:
         n = min(20_000, VERIFY_EVENTS - seq)
         rows, prev = _sealed_rows(seq + 1, n, prev, frontier)

@@ -290,6 +290,29 @@ DLO_AUDIT_SIGNING_KEY = env_str("DLO_AUDIT_SIGNING_KEY", "")
 DLO_AUDIT_CHECKPOINT_DIR = env_str("DLO_AUDIT_CHECKPOINT_DIR", "")
 DLO_AUDIT_PUBLIC_KEYS = env_str("DLO_AUDIT_PUBLIC_KEYS", "")
 DLO_AUDIT_CHECKPOINT_WEBHOOK = env_str("DLO_AUDIT_CHECKPOINT_WEBHOOK", "")
+# The key file of the MAC every event carries (audit/mac.py): made by the application, never
+# stored in the database, so a database superuser cannot add an event the sealer accepts.
+# Development creates it on first use; production must name an existing file (``firstrun``).
+DLO_AUDIT_MAC_KEY = env_str(
+    "DLO_AUDIT_MAC_KEY", "" if PRODUCTION else str(BASE_DIR / ".audit" / "mac.key")
+)
+# A checkpoint at most this many seconds after the log grew (the window in which a rewrite of
+# the newest events is not yet anchored; docs/audit.md). Read by dashboard/periodic.py too.
+DLO_AUDIT_CHECKPOINT_INTERVAL_S = env_int("DLO_AUDIT_CHECKPOINT_INTERVAL_S", 10)
+if DLO_AUDIT_CHECKPOINT_INTERVAL_S < 1:
+    raise ImproperlyConfigured("DLO_AUDIT_CHECKPOINT_INTERVAL_S must be at least 1 second.")
+# In seq order an event's created_at may be earlier than its predecessor's by at most this
+# much (clock skew between hosts, a commit that waited): more is a forged or misdated event.
+DLO_AUDIT_CLOCK_TOLERANCE_S = env_int("DLO_AUDIT_CLOCK_TOLERANCE_S", 300)
+if PRODUCTION:
+    # Without these a production audit trail has no anchor outside the database and no
+    # authentication of who wrote a row: refuse to start rather than run unanchored.
+    for _name in ("DLO_AUDIT_SIGNING_KEY", "DLO_AUDIT_CHECKPOINT_DIR", "DLO_AUDIT_MAC_KEY"):
+        if not globals()[_name]:
+            raise ImproperlyConfigured(
+                f"Production needs {_name} (docs/audit.md: the audit trail's keys and "
+                "checkpoint directory, outside the database; docker-compose.yml mounts them)."
+            )
 # How long an event may stay unsealed, or the log go without a checkpoint, before the audit
 # page, /metrics and the alert say so.
 DLO_AUDIT_UNSEALED_WARN_S = env_int("DLO_AUDIT_UNSEALED_WARN_S", 30)

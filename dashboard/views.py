@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+
+from django.conf import settings
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.contrib.auth.decorators import login_not_required
@@ -53,10 +56,28 @@ def healthz(request: HttpRequest) -> JsonResponse:
         database = "ok"
     except Exception as exc:  # any database failure is reported, not raised
         database = f"error: {type(exc).__name__}"
-    status = 200 if database == "ok" else 503
+    audit_keys = _audit_keys()
+    status = 200 if database == "ok" and audit_keys == "ok" else 503
     return JsonResponse(
-        {"status": "ok" if status == 200 else "degraded", "database": database}, status=status
+        {
+            "status": "ok" if status == 200 else "degraded",
+            "database": database,
+            "audit_keys": audit_keys,
+        },
+        status=status,
     )
+
+
+def _audit_keys() -> str:
+    """Whether this process can read the audit trail's signing and MAC keys (production
+    refuses to start without them configured; a key file gone since then fails here). Names
+    the setting, never the path or the content."""
+    if not settings.PRODUCTION:
+        return "ok"  # development: the audit page says what is missing
+    for name in ("DLO_AUDIT_SIGNING_KEY", "DLO_AUDIT_MAC_KEY"):
+        if not os.access(getattr(settings, name), os.R_OK):
+            return f"error: {name} unreadable"
+    return "ok"
 
 
 @require_GET

@@ -26,6 +26,7 @@ from audit.checkpoints import (
     read_dir,
     write_checkpoint,
 )
+from audit.mac import event_mac
 from audit.models import AuditEvent, AuditHead
 
 pytestmark = pytest.mark.django_db
@@ -77,16 +78,19 @@ def verify(directory: Path | None) -> Any:
 
 
 def recompute_from(seq: int) -> None:
-    """What an attacker does after editing history: re-chain every later hash with the
-    published algorithm, and move the head (hash and Merkle edge) to match."""
+    """What an attacker with the host (the MAC key too) does after editing history: re-chain
+    every later hash with the published algorithm, re-MAC the events, and move the head (hash
+    and Merkle edge) to match."""
     events = list(AuditEvent.objects.filter(seq__isnull=False).order_by("seq"))
     prev, frontier = GENESIS, MerkleFrontier()
     for event in events:
         leaf = leaf_hash(event.index_json, event.detail_json)
         if event.seq >= seq:
             new = chain_hash(prev, leaf)
+            mac = event_mac(event.index_json, event.detail_json)
             raw(
-                f"UPDATE {TABLE} SET prev_hash = %s, hash = %s WHERE id = %s", [prev, new, event.pk]
+                f"UPDATE {TABLE} SET prev_hash = %s, hash = %s, mac = %s WHERE id = %s",
+                [prev, new, mac, event.pk],
             )
             event.hash = new
         prev = event.hash or ""

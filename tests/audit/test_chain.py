@@ -15,6 +15,7 @@ from django.utils import timezone
 from audit import triggers
 from audit.actions import Actor, EventSpec, record, record_many, verify_chain
 from audit.chain import GENESIS, chain_hash, leaf_hash
+from audit.mac import event_mac
 from audit.models import AuditEvent, AuditHead, Outcome
 
 pytestmark = pytest.mark.django_db
@@ -138,6 +139,7 @@ def test_tamper_inserted_row_is_named(tamperable: list[AuditEvent]) -> None:
     forged.pk = None
     forged.seq, forged.prev_hash = 6, tamperable[4].hash
     forged.hash = chain_hash(forged.prev_hash, leaf_hash(forged.index_json, forged.detail_json))
+    forged.mac = event_mac(forged.index_json, forged.detail_json)  # even with the MAC key
     forged.save(force_insert=True)
     result = verify_chain()
     assert not result.ok and result.first_bad_seq == 7
@@ -205,7 +207,8 @@ def test_record_and_record_many_hash_the_same_event_identically() -> None:
         after={"when": now, "v": "\x00"},
         outcome=Outcome.FAILED,
     )
-    fields = [f.name for f in AuditEvent._meta.concrete_fields if f.name not in {"id"}]
+    # Everything but the MAC, whose nonce differs per event by design.
+    fields = [f.name for f in AuditEvent._meta.concrete_fields if f.name not in {"id", "mac"}]
     with mock.patch("audit.actions.timezone.now", return_value=now):
         with transaction.atomic():
             single = record(

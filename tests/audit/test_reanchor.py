@@ -63,8 +63,13 @@ def test_migration_reanchors_format_1_events_without_rewriting_them() -> None:
     assert facts["legacy_events"] == 3 and facts["legacy_head_hash"] == prev
     jsonb = connection.vendor == "postgresql"
     assert facts["legacy_failures"] == ([2] if jsonb else [])  # the jsonb false alarm, named
+    # Migration 0006_audit_a_mac then anchors the MAC: the events before it carry none.
+    mac_anchor = AuditEvent.objects.get(action="audit.mac_anchor")
+    assert mac_anchor.seq == 5 and json.loads(mac_anchor.detail_json)["after"] == {
+        "events_before": 4
+    }
     record("test.after", actor=Actor.system())
     result = verify_chain()
-    assert result.ok and result.events == 5, result.summary()
+    assert result.ok and result.events == 6, result.summary()
     if jsonb:
         assert any("#2 did not verify when the log was re-anchored" in n for n in result.notes)

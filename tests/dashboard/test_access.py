@@ -139,7 +139,7 @@ def test_channel_list_filters_and_htmx_partial(viewer: User) -> None:
 def test_healthz_reports_the_database() -> None:
     response = Client().get("/healthz")
     assert response.status_code == 200
-    assert response.json() == {"status": "ok", "database": "ok"}
+    assert response.json() == {"status": "ok", "database": "ok", "audit_keys": "ok"}
 
 
 def test_security_headers_and_htmx_config(viewer: User) -> None:

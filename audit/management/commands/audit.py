@@ -15,6 +15,7 @@ from audit.actions import Actor, do_record_export, do_verify_chain
 from audit.chain import GENESIS, VerifyResult, verify_events
 from audit.export import chunks, proof_filters, proof_lines
 from audit.filters import FILTER_NAMES, AuditFilterForm
+from audit.history import write_recorded_checkpoint
 from audit.models import AuditEvent
 from audit.sealer import seal
 
@@ -128,7 +129,7 @@ class Command(BaseCommand):
     def checkpoint(self) -> None:
         seal(wait=True)
         try:
-            written = checkpoints.write_checkpoint(force=True)
+            written = write_recorded_checkpoint(force=True)
         except checkpoints.CheckpointError as exc:
             raise CommandError(str(exc)) from None
         if written is None:

@@ -37,11 +37,20 @@ class Command(BaseCommand):
 
     def audit_key(self) -> None:
         """The audit checkpoint signing key named by DLO_AUDIT_SIGNING_KEY (``make run``
-        points it at .audit/signing.key): created when missing, and said where."""
+        points it at .audit/signing.key) and the events' MAC key (DLO_AUDIT_MAC_KEY): created
+        when missing, and said where."""
         from django.conf import settings
 
+        from audit import mac
         from audit.checkpoints import keygen, public_text
 
+        mac_path = settings.DLO_AUDIT_MAC_KEY
+        if mac_path and not Path(mac_path).exists():
+            mac.keygen(Path(mac_path))
+            self.stdout.write(
+                f"Audit events: created the MAC key {Path(mac_path).resolve()} (keep it out "
+                "of the database and its backups: whoever holds it can add believable events)."
+            )
         path = settings.DLO_AUDIT_SIGNING_KEY
         if not path or Path(path).exists():
             return
@@ -49,6 +58,7 @@ class Command(BaseCommand):
         self.stdout.write(
             f"Audit checkpoints: created the signing key {Path(path).resolve()} (public key "
             f"{path}.pub: {public_text(public)}); checkpoints go to "
-            f"{Path(settings.DLO_AUDIT_CHECKPOINT_DIR or '.').resolve()} every minute. "
+            f"{Path(settings.DLO_AUDIT_CHECKPOINT_DIR or '.').resolve()} within "
+            f"{settings.DLO_AUDIT_CHECKPOINT_INTERVAL_S} s of new events. "
             "Keep the public key somewhere the database's operators cannot change it."
         )
