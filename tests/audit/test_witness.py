@@ -406,3 +406,55 @@ def test_the_witness_script_over_http(signing: Path, live_server: Any) -> None:
     rolled = run()
     assert rolled.returncode == 1
     assert rolled.stderr.startswith("INCONSISTENT: rollback"), rolled.stderr
+
+
+# -- at scale: O(1) per checkpoint (item 8) ---------------------------------------------------
+
+
+def test_writing_and_showing_checkpoints_never_lists_the_directory(
+    signing: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    write_events(2)
+    write_checkpoint()
+
+    def no_listing(self: Path, pattern: str) -> Any:
+        raise AssertionError(f"listed {self} for {pattern}")
+
+    monkeypatch.setattr(Path, "glob", no_listing)
+    from audit.status import log_status
+
+    for _ in range(3):
+        write_events(1)
+        assert write_checkpoint() is not None
+    status = log_status()
+    assert status.checkpoint is not None and status.checkpoint.number == 4
+    assert status.matches is True
+
+
+def test_verifying_many_checkpoints_checks_one_signature_per_key(
+    signing: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from audit import verify as verify_module
+    from audit.actions import verify_chain
+    from audit.checkpoints import trusted_keys
+
+    for _ in range(20):
+        write_events(1)
+        write_checkpoint()
+    calls: list[int] = []
+
+    class Counting:
+        def __init__(self, key: Any) -> None:
+            self.key = key
+
+        def verify(self, signature: bytes, data: bytes) -> None:
+            calls.append(1)
+            self.key.verify(signature, data)
+
+    def counted(extra: Any = None) -> Any:
+        return {kid: Counting(key) for kid, key in trusted_keys(extra).items()}
+
+    monkeypatch.setattr(verify_module, "trusted_keys", counted)
+    result = verify_chain(checkpoint_dir=signing / "checkpoints")
+    assert result.ok and result.checkpoints_matched == 20, result.summary()
+    assert len(calls) == 1  # the newest: every earlier body is linked to it by hash
