@@ -214,7 +214,9 @@ def extend(upto: int, expected_root: str) -> int:
         position = frontier.size
         if seq != position + 1:
             raise TreeError(f"event #{position + 1} is missing from the sealed log")
-        leaf = leaf_hash(index_json, detail_json) if index_json else legacy_leaf(stored)
+        if not index_json and not stored:
+            raise TreeError(f"event #{seq} has neither texts nor a hash: it was modified")
+        leaf = leaf_hash(index_json, detail_json) if index_json else legacy_leaf(str(stored))
         # RFC 9162's tree grows on its right edge: each merge finishes one complete subtree.
         nodes.append(AuditTreeNode(level=0, index=position, hash=leaf))
         height, value = 0, leaf

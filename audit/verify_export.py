@@ -437,7 +437,7 @@ def check_binding(header, expect):
 
 def main(argv):
     args, keys, directory = [], {}, None
-    expect = {"filters": None, "first_seq": None, "min_checkpoint": None, "witnessed": None}
+    expect: dict = {"filters": None, "first_seq": None, "min_checkpoint": None, "witnessed": None}
     it = iter(argv)
     for arg in it:
         if arg == "--public-key":

@@ -36,7 +36,7 @@ import urllib.request
 from pathlib import Path
 
 try:  # run as a script beside verify_export.py, or imported as audit.witness
-    import verify_export as vx  # type: ignore[import-not-found]
+    import verify_export as vx
 except ImportError:  # pragma: no cover - the package import
     from audit import verify_export as vx
 
