@@ -420,18 +420,16 @@ def do_record_denial(
 
 
 @transaction.atomic
-def do_record_cosignature(actor: Actor, *, fields: Mapping[str, Any]) -> Any:
+def do_record_cosignature(fields: Mapping[str, Any]) -> Any:
     """Keep a witness's cosignature of a checkpoint (already checked by the caller against the
-    stored tree and the witness's key) and audit it."""
+    stored tree and the witness's key): one row per witness key and checkpoint, its time moved
+    on at each poll. Not an audit event: a receipt, not an action, and recording one would grow
+    the log, call for another checkpoint and so another cosignature, once a minute forever."""
     from audit.models import AuditCosignature
 
-    cosignature = AuditCosignature.objects.create(**fields)
-    record(
-        "audit.cosign",
-        actor=actor,
-        target_type="audit.checkpoint",
-        target_id=str(fields["checkpoint_number"]),
-        target_repr=f"checkpoint #{fields['checkpoint_number']} cosigned by {fields['witness']}",
-        after={k: fields[k] for k in ("witness", "key_id", "tree_size", "root_hash")},
+    cosignature, _ = AuditCosignature.objects.update_or_create(
+        key_id=fields["key_id"],
+        checkpoint_number=fields["checkpoint_number"],
+        defaults=dict(fields),
     )
     return cosignature

@@ -174,13 +174,13 @@ class AuditCosignature(models.Model):
     checkpoint_number = models.BigIntegerField()
     tree_size = models.BigIntegerField()
     root_hash = models.CharField(max_length=64)
-    witnessed_at = models.DateTimeField()
+    witnessed_at = models.DateTimeField(db_index=True)  # the time the witness signed
     signature = models.CharField(max_length=128)
-    received_at = models.DateTimeField(auto_now_add=True)
+    received_at = models.DateTimeField(auto_now=True)
 
     class Meta:
-        ordering = ["-received_at"]
-        get_latest_by = "received_at"
+        ordering = ["-witnessed_at"]
+        get_latest_by = "witnessed_at"
 
     def __str__(self) -> str:
         return f"{self.witness} cosigned #{self.checkpoint_number} ({self.tree_size} events)"

@@ -57,4 +57,4 @@ def compare_witnessed(cp: Checkpoint, at_size: tuple[str, str] | None, events: i
 
 def latest_cosignature() -> AuditCosignature | None:
     """The newest witness cosignature (one indexed row), for the audit page."""
-    return AuditCosignature.objects.order_by("-received_at").first()
+    return AuditCosignature.objects.order_by("-witnessed_at").first()
