@@ -20,7 +20,7 @@ from typing import Any
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from django.urls import path
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import serializers
 from rest_framework.decorators import api_view
 from rest_framework.request import Request
@@ -45,6 +45,16 @@ def checkpoint_note(body: dict[str, Any]) -> str:
 def cosigned_message(body: dict[str, Any], timestamp: int) -> bytes:
     """What a witness signs (C2SP tlog-cosignature/v1)."""
     return f"{COSIGNATURE_FORMAT}\ntime {timestamp}\n{checkpoint_note(body)}".encode()
+
+
+class LogError(serializers.Serializer[Any]):
+    error = serializers.CharField()
+
+
+NO_CHECKPOINT = OpenApiResponse(LogError, description="No signed checkpoint written yet.")
+TREE_CONFLICT = OpenApiResponse(
+    LogError, description="The stored tree cannot answer, or the root differs (tampering)."
+)
 
 
 class CheckpointBody(serializers.Serializer[Any]):
@@ -105,7 +115,10 @@ def _latest() -> dict[str, Any] | None:
     return {"checkpoint": found.body, "signature": found.signature}
 
 
-@extend_schema(operation_id="audit_checkpoint_latest", responses={200: SignedCheckpoint})
+@extend_schema(
+    operation_id="audit_checkpoint_latest",
+    responses={200: SignedCheckpoint, 404: NO_CHECKPOINT},
+)
 @api_view(["GET"])
 def checkpoint_latest(request: Request) -> Response:
     """The newest signed checkpoint (a tree head over the sealed events)."""
@@ -119,7 +132,7 @@ def checkpoint_latest(request: Request) -> Response:
 @extend_schema(
     operation_id="audit_consistency",
     parameters=[ConsistencyParams],
-    responses={200: ConsistencyProof},
+    responses={200: ConsistencyProof, 409: TREE_CONFLICT},
 )
 @api_view(["GET"])
 def consistency(request: Request) -> Response:
@@ -144,7 +157,7 @@ def consistency(request: Request) -> Response:
 @extend_schema(
     operation_id="audit_cosignature_create",
     request=CosignatureIn,
-    responses={201: CosignatureOut},
+    responses={201: CosignatureOut, 409: TREE_CONFLICT},
 )
 @api_view(["POST"])
 def cosignature(request: Request) -> Response:

@@ -460,3 +460,11 @@ def test_verifying_many_checkpoints_checks_one_signature_per_key(
     result = verify_chain(checkpoint_dir=signing / "checkpoints")
     assert result.ok and result.checkpoints_matched == 20, result.summary()
     assert len(calls) == 1  # the newest: every earlier body is linked to it by hash
+
+
+def test_no_checkpoint_yet_is_a_json_404(signing: Path, log: ClientLog) -> None:
+    write_events(2)
+    response = log.client.get(
+        "/api/audit/checkpoints/latest/", HTTP_AUTHORIZATION=f"Bearer {log.token}"
+    )
+    assert response.status_code == 404 and "no signed checkpoint" in response.json()["error"]
