@@ -30,6 +30,7 @@ import collections
 import datetime as dt
 import hashlib
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -185,10 +186,19 @@ def check_signature(checkpoint, signature, keys):
 
 
 def _checkpoint_files(directory):
-    for path in sorted(Path(directory).glob("checkpoint-*.json")):
-        named = int(path.stem.rsplit("-", 1)[-1])
+    """(number named, path, checkpoint, signature) per file in order; one listdir and a raw
+    read per file (525,600 files for a year of minutely checkpoints)."""
+    names = os.listdir(directory)
+    for name in sorted(n for n in names if n.startswith("checkpoint-") and n.endswith(".json")):
+        path = Path(directory, name)
+        digits = name[len("checkpoint-") : -len(".json")]
+        named = int(digits) if digits.isdigit() else -1
         try:
-            data = json.loads(path.read_text(encoding="utf-8"))
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                data = json.loads(os.read(fd, 65536))
+            finally:
+                os.close(fd)
             yield named, path, data["checkpoint"], data["signature"]
         except (OSError, ValueError, KeyError, TypeError):
             yield named, path, None, None
