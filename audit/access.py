@@ -38,3 +38,14 @@ def require_audit_permission(request: HttpRequest, permission: str) -> None:
 def events_for_user(request: HttpRequest, permission: str = VIEW) -> QuerySet[AuditEvent]:
     require_audit_permission(request, permission)
     return AuditEvent.objects.all()
+
+
+WITNESS = "audit.witness_auditevent"
+_DENIED_ACTION[WITNESS] = "audit.witness"
+
+
+def require_witness_access(request: HttpRequest) -> None:
+    """Checkpoints and proofs: the compliance role, or an audit-witness token."""
+    if request.user.has_perm(VIEW):
+        return
+    require_audit_permission(request, WITNESS)

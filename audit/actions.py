@@ -226,13 +226,22 @@ def record(
 
 
 def verify_chain(
-    *, checkpoint_dir: str | Path | None = None, public_keys: list[str] | None = None
+    *,
+    checkpoint_dir: str | Path | None = None,
+    public_keys: list[str] | None = None,
+    witness_state: str | Path | None = None,
 ) -> VerifyResult:
     """Walk the sealed log from #1 to the head (constant memory), and against the signed
-    checkpoints in ``checkpoint_dir`` when given (see ``audit.verify``)."""
+    checkpoints in ``checkpoint_dir`` when given (see ``audit.verify``); with
+    ``witness_state``, the log must also extend the last head that witness saw."""
+    from audit.checkpoints import trusted_keys
     from audit.verify import verify_log
+    from audit.witnessing import witnessed_head
 
-    return verify_log(checkpoint_dir=checkpoint_dir, public_keys=public_keys)
+    witnessed = None
+    if witness_state is not None:
+        witnessed = witnessed_head(witness_state, trusted_keys(public_keys))
+    return verify_log(checkpoint_dir=checkpoint_dir, public_keys=public_keys, witnessed=witnessed)
 
 
 def do_verify_chain(
@@ -240,6 +249,7 @@ def do_verify_chain(
     *,
     checkpoint_dir: str | Path | None = None,
     public_keys: list[str] | None = None,
+    witness_state: str | Path | None = None,
 ) -> ChainVerification:
     """Verify the log (against the configured checkpoint directory unless another is given),
     keep the result for the audit page, and audit the verification."""
@@ -247,7 +257,9 @@ def do_verify_chain(
         checkpoint_dir = settings.DLO_AUDIT_CHECKPOINT_DIR
     started = ChainVerification.objects.create()
     try:
-        result = verify_chain(checkpoint_dir=checkpoint_dir, public_keys=public_keys)
+        result = verify_chain(
+            checkpoint_dir=checkpoint_dir, public_keys=public_keys, witness_state=witness_state
+        )
     except (OSError, ValueError) as exc:  # an unreadable key or directory: say so, no trace
         result = VerifyResult(False, 0, None, "", None, f"cannot verify: {exc}")
     unsealed = sealer.unsealed_status()
@@ -419,3 +431,19 @@ def do_record_denial(
         after=details,
         outcome=Outcome.DENIED,
     )
+
+
+@transaction.atomic
+def do_record_cosignature(fields: Mapping[str, Any]) -> Any:
+    """Keep a witness's cosignature of a checkpoint (already checked by the caller against the
+    stored tree and the witness's key): one row per witness key and checkpoint, its time moved
+    on at each poll. Not an audit event: a receipt, not an action, and recording one would grow
+    the log, call for another checkpoint and so another cosignature, once a minute forever."""
+    from audit.models import AuditCosignature
+
+    cosignature, _ = AuditCosignature.objects.update_or_create(
+        key_id=fields["key_id"],
+        checkpoint_number=fields["checkpoint_number"],
+        defaults=dict(fields),
+    )
+    return cosignature

@@ -7,7 +7,7 @@ Two events, each written once by a migration, divide the log:
   format 1 (``hash_version=1``, no texts, no plan, no MAC) and every later one is format 2,
   and the re-anchor must be event #N+1, chained to that hash, with that root. The format-1
   events it lists as failing already are reported as such, nothing else.
-* ``audit.mac_anchor`` (migration 0006_audit_a_mac) commits to the number of events recorded
+* ``audit.mac_anchor`` (migration 0007_audit_a_mac) commits to the number of events recorded
   before MACs existed: it must be event #(that number + 1); the events before it carry no MAC,
   and every event after it needs a valid one. Without it, every event needs one.
 

@@ -33,6 +33,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from audit import tree
 from audit.chain import GENESIS, MerkleFrontier, canonical_json
 from audit.models import AuditHead
 from dashboard.egress import EgressRefused, pinned_target, shown_url
@@ -153,15 +154,67 @@ def filename(number: int) -> str:
 
 
 def read_dir(directory: str | Path) -> list[Checkpoint]:
-    """Every ``checkpoint-*.json`` file, in file-name order (the number they claim)."""
+    """Every ``checkpoint-*.json`` file, in file-name order (the number they claim). A year of
+    minutely checkpoints is 525,600 files: names from one ``listdir`` (not ``glob``) and bytes
+    from ``os.read``, ~2.5× faster than ``Path`` objects per file."""
+    base = os.fspath(directory)
+    try:
+        listed = os.listdir(base)
+    except FileNotFoundError:
+        return []
+    names = sorted(n for n in listed if n.startswith("checkpoint-") and n.endswith(".json"))
     found = []
-    for path in sorted(Path(directory).glob("checkpoint-*.json")):
+    for name in names:
+        path = os.path.join(base, name)
         try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-            found.append(Checkpoint(data["checkpoint"], data["signature"], path))
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                data = json.loads(os.read(fd, MAX_CHECKPOINT_BYTES))
+            finally:
+                os.close(fd)
+            found.append(Checkpoint(data["checkpoint"], data["signature"], Path(path)))
         except (OSError, ValueError, KeyError, TypeError):
-            found.append(Checkpoint({"number": _number_in(path), "unreadable": True}, "", path))
+            found.append(
+                Checkpoint({"number": _number_in(Path(path)), "unreadable": True}, "", Path(path))
+            )
     return found
+
+
+MAX_CHECKPOINT_BYTES = 65536  # a checkpoint file is ~500 bytes; a larger one is not ours
+
+
+def read_one(directory: str | Path, number: int) -> Checkpoint | None:
+    """Checkpoint ``number``'s file, or ``None`` when there is none."""
+    path = Path(directory) / filename(number)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        return Checkpoint(data["checkpoint"], data["signature"], path)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError):
+        return Checkpoint({"number": number, "unreadable": True}, "", path)
+
+
+LATEST_PROBES = 1000  # files looked for past the head's number before listing the directory
+
+
+def latest(directory: str | Path, hint: int) -> Checkpoint | None:
+    """The newest checkpoint, in O(1) file reads: from ``hint`` (the number the head row
+    records) up while the next file exists. A hint beyond the files (a deleted newest file)
+    or far behind them falls back to one listing of the directory (item 8 of issue 23: the
+    page, ``/metrics`` and each write no longer read every file)."""
+    number = max(hint, 1)
+    found = read_one(directory, number)
+    if found is None and hint > 0:
+        names = sorted(Path(directory).glob("checkpoint-*.json"))
+        return read_one(directory, _number_in(names[-1])) if names else None
+    for _ in range(LATEST_PROBES):
+        following = read_one(directory, number + 1)
+        if following is None:
+            return found
+        found, number = following, number + 1
+    names = sorted(Path(directory).glob("checkpoint-*.json"))
+    return read_one(directory, _number_in(names[-1])) if names else None
 
 
 def _number_in(path: Path) -> int:
@@ -195,7 +248,17 @@ def verify_chain_of_checkpoints(
     def bad(number: int, problem: str) -> CheckpointCheck:
         return CheckpointCheck(good, problem, number)
 
-    for cp in checkpoints:
+    def signed(cp: Checkpoint) -> bool:
+        key = keys.get(str(cp.body.get("key_id")))
+        if key is None:
+            return False
+        try:
+            key.verify(base64.b64decode(cp.signature), cp.signed_bytes())
+        except (InvalidSignature, ValueError):
+            return False
+        return True
+
+    for position, cp in enumerate(checkpoints):
         number = int(cp.body.get("number", -1))
         if cp.body.get("unreadable"):
             return bad(number, f"checkpoint #{number} ({cp.path}) is not a readable checkpoint")
@@ -217,12 +280,22 @@ def verify_chain_of_checkpoints(
                 f"checkpoint #{number} is signed by key {cp.body.get('key_id')}, which is not "
                 "a trusted public key (forged, or pass the rotated key with --public-key)",
             )
-        try:
-            key.verify(base64.b64decode(cp.signature), cp.signed_bytes())
-        except (InvalidSignature, ValueError):
+        # Each checkpoint commits to the one before it (prev_checkpoint), so one valid
+        # signature authenticates every earlier body: only the last checkpoint of each key is
+        # verified (~0.1 ms each, 50 s for a year of minutely checkpoints otherwise), and a
+        # broken link is then traced to the forged one.
+        following = checkpoints[position + 1] if position + 1 < len(checkpoints) else None
+        last_of_key = following is None or following.body.get("key_id") != cp.body.get("key_id")
+        if last_of_key and not signed(cp):
             return bad(number, f"checkpoint #{number}: the signature does not verify (forged)")
         prev_hash = previous.digest() if previous else GENESIS
         if cp.body.get("prev_checkpoint") != prev_hash:
+            if previous is not None and not signed(previous):
+                good.pop()
+                return bad(
+                    previous.number,
+                    f"checkpoint #{previous.number}: the signature does not verify (forged)",
+                )
             return bad(
                 number,
                 f"checkpoint #{number} does not follow checkpoint #{number - 1} "
@@ -279,7 +352,13 @@ def _write(force: bool) -> Checkpoint | None:
         if head.seq == head.checkpoint_tree_size and not force:
             return None
         frontier = MerkleFrontier.loads(head.frontier)
-        previous = read_dir(directory)[-1:] if directory.exists() else []
+        try:
+            # The complete subtrees up to this head, for consistency proofs (audit.tree).
+            tree.extend(head.seq, frontier.root())
+        except tree.TreeError as exc:
+            raise CheckpointError(f"not signed: {exc}") from None
+        newest = latest(directory, head.checkpoint_number) if directory.exists() else None
+        previous = [newest] if newest is not None else []
         prev_hash = previous[0].digest() if previous else GENESIS
         # A checkpoint deleted from the sink leaves a gap the verifier reports, never a reuse.
         number = max(head.checkpoint_number, previous[0].number if previous else 0) + 1

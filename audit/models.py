@@ -83,6 +83,7 @@ class AuditEvent(models.Model):
         permissions = [
             ("export_auditevent", "Can export the audit trail"),
             ("verify_auditevent", "Can verify the audit chain"),
+            ("witness_auditevent", "Can read signed checkpoints and proofs, and cosign"),
         ]
 
     def __str__(self) -> str:
@@ -172,3 +173,39 @@ class ChainVerification(models.Model):
 
     def __str__(self) -> str:
         return f"verification {self.started_at:%Y-%m-%d %H:%M} ok={self.ok}"
+
+
+class AuditTreeNode(models.Model):
+    """One complete subtree of the RFC 9162 Merkle tree over the sealed events: ``level`` 0 is
+    the leaf of event ``seq = index + 1``; level ``h`` covers leaves ``[index·2^h,
+    (index+1)·2^h)``. Written once, as checkpoints are written (``audit.tree``), so that a
+    consistency proof between any two tree sizes is O(log n) lookups, not a re-read."""
+
+    pk = models.CompositePrimaryKey("level", "index")
+    level = models.PositiveSmallIntegerField()
+    index = models.BigIntegerField()
+    hash = models.BinaryField(max_length=32)
+
+    def __str__(self) -> str:
+        return f"node {self.level}/{self.index}"
+
+
+class AuditCosignature(models.Model):
+    """A witness's cosignature of a checkpoint it checked (``audit/witness.py --cosign``): the
+    tree head it saw consistent with every head it saw before, for the audit page."""
+
+    witness = models.CharField(max_length=100)
+    key_id = models.CharField(max_length=16)
+    checkpoint_number = models.BigIntegerField()
+    tree_size = models.BigIntegerField()
+    root_hash = models.CharField(max_length=64)
+    witnessed_at = models.DateTimeField(db_index=True)  # the time the witness signed
+    signature = models.CharField(max_length=128)
+    received_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["-witnessed_at"]
+        get_latest_by = "witnessed_at"
+
+    def __str__(self) -> str:
+        return f"{self.witness} cosigned #{self.checkpoint_number} ({self.tree_size} events)"

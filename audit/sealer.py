@@ -96,7 +96,7 @@ def _locked_head(wait: bool) -> AuditHead | None:
 def _exempt_below() -> int:
     """Rows recorded before the MAC existed are sealed without one: those with ids up to the
     MAC anchor while it is itself unsealed and no sealed row carries a MAC yet (migration
-    0006_audit_a_mac runs before any MAC is made). Otherwise every row needs a MAC, and
+    0007_audit_a_mac runs before any MAC is made). Otherwise every row needs a MAC, and
     ``audit verify`` holds the same line by seq."""
     anchor = (
         AuditEvent.objects.filter(action=MAC_ANCHOR, seq__isnull=True)

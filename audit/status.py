@@ -11,7 +11,8 @@ from django.conf import settings
 from django.utils import timezone
 
 from audit.chain import MerkleFrontier
-from audit.checkpoints import Checkpoint, checkpoint_dir, read_dir
+from audit.checkpoints import Checkpoint, checkpoint_dir
+from audit.checkpoints import latest as latest_checkpoint
 from audit.models import AuditHead
 from audit.sealer import unsealed_status
 from dashboard.egress import shown_url
@@ -35,12 +36,11 @@ class LogStatus:
     problems: list[str]
 
 
-def _latest_file() -> Checkpoint | None:
+def _latest_file(head: AuditHead | None) -> Checkpoint | None:
     directory = checkpoint_dir()
     if directory is None or not directory.is_dir():
         return None
-    found = read_dir(directory)
-    return found[-1] if found else None
+    return latest_checkpoint(directory, head.checkpoint_number if head else 0)
 
 
 def _shown_error(error: str) -> str:
@@ -67,7 +67,7 @@ def log_status(now: dt.datetime | None = None) -> LogStatus:
     unsealed = unsealed_status()
     configured = bool(settings.DLO_AUDIT_SIGNING_KEY and settings.DLO_AUDIT_CHECKPOINT_DIR)
     try:
-        latest = _latest_file()
+        latest = _latest_file(head)
     except OSError:
         latest = None
     problems: list[str] = []

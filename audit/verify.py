@@ -206,10 +206,14 @@ def walk_stored(walk: ChainWalk, rules: RowRules) -> int | None:
 
 
 def verify_log(
-    *, checkpoint_dir: str | Path | None = None, public_keys: list[str] | None = None
+    *,
+    checkpoint_dir: str | Path | None = None,
+    public_keys: list[str] | None = None,
+    witnessed: Checkpoint | None = None,
 ) -> VerifyResult:
     """Walk the sealed log from #1 (constant memory) and check it against the head row and,
-    when a checkpoint directory is given, against every signed checkpoint in it."""
+    when a checkpoint directory is given, against every signed checkpoint in it; with
+    ``witnessed`` (a witness's last head, ``audit.witnessing``), the log must extend it."""
     head = AuditHead.objects.filter(pk=1).first()
     checkpoints: list[Checkpoint] = []
     if checkpoint_dir is not None:
@@ -236,6 +240,8 @@ def verify_log(
     sizes: dict[int, Checkpoint | None] = {cp.tree_size: cp for cp in pending}
     if anchors.legacy_events:
         sizes.setdefault(anchors.legacy_events, None)  # the root the re-anchor commits to
+    if witnessed is not None:
+        sizes.setdefault(witnessed.tree_size, witnessed)
     roots: dict[int, tuple[str, str]] = {}
     if sizes:
         # Remember the root at each checkpoint's size as the walk passes it (a wrapper on the
@@ -312,6 +318,15 @@ def verify_log(
         )  # fmt: skip
     if not walk.end_at(head.seq, head.hash):
         return walk.result()
+    if witnessed is not None:
+        from audit.witnessing import compare_witnessed
+
+        problem = compare_witnessed(witnessed, roots.get(witnessed.tree_size), walk.count)
+        if problem:
+            return VerifyResult(
+                False, walk.count, walk.last_seq, walk.last_hash, None, problem, walk.notes,
+                witnessed.number,
+            )  # fmt: skip
     result.checkpoints_matched = matched
     return result
 

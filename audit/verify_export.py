@@ -2,6 +2,9 @@
 
     python3 verify_export.py export.jsonl [--hashes-only]
                              [--checkpoints DIR --public-key KEY [--public-key OLDKEY ...]]
+    python3 verify_export.py proof.jsonl --public-key KEY
+                             [--expect NAME=VALUE ... | --expect-all] [--from-seq N]
+                             [--min-checkpoint N] [--witness STATE.jsonl]
 
 A plain export: recomputes each event's hash (format 1 or 2, docs/audit.md) and, unless
 --hashes-only (a filtered export, which has gaps), checks that each event links to the one
@@ -14,11 +17,20 @@ signed checkpoint in it, rebuilds the checkpoint's Merkle root from the export, 
 every event of the range that matches the filters is in the export in full and every withheld
 one does not match. Exit status 0 when the file verifies, 1 naming the first bad event or
 checkpoint.
+
+A proof proves what its header says; these bind it to what the reader asked for (any of them
+also requires the range to start at #1 unless --from-seq says otherwise): --expect NAME=VALUE
+(repeat; exactly these filters, --expect-all for none), --min-checkpoint N (a checkpoint at
+least that new) and --witness STATE (at least the last head a witness saw, and the same
+checkpoint where the numbers are equal). A mismatch prints "MISMATCH: ..." and exits 1.
 """
 
 import base64
+import collections
+import datetime as dt
 import hashlib
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -173,31 +185,60 @@ def check_signature(checkpoint, signature, keys):
     return key is not None and ed25519_verify(key, signed, base64.b64decode(signature))
 
 
+def _checkpoint_files(directory):
+    """(number named, path, checkpoint, signature) per file in order; one listdir and a raw
+    read per file (525,600 files for a year of minutely checkpoints)."""
+    names = os.listdir(directory)
+    for name in sorted(n for n in names if n.startswith("checkpoint-") and n.endswith(".json")):
+        path = Path(directory, name)
+        digits = name[len("checkpoint-") : -len(".json")]
+        named = int(digits) if digits.isdigit() else -1
+        try:
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                data = json.loads(os.read(fd, 65536))
+            finally:
+                os.close(fd)
+            yield named, path, data["checkpoint"], data["signature"]
+        except (OSError, ValueError, KeyError, TypeError):
+            yield named, path, None, None
+
+
 def read_checkpoints(directory, keys):
     """The checkpoint files in order, or stops at the first that is missing, misnamed,
-    unsigned, unlinked or shrinking. Returns (checkpoints, problem or None)."""
+    unsigned, unlinked or shrinking. Returns (checkpoints, problem or None).
+
+    Each checkpoint names the hash of the one before it, so one valid signature vouches for
+    every earlier body: only the last checkpoint signed by each key is verified (pure-Python
+    Ed25519 takes milliseconds), and a broken link is traced to the forged checkpoint."""
     good: list = []
-    prev_digest = GENESIS
-    for path in sorted(Path(directory).glob("checkpoint-*.json")):
-        named = int(path.stem.rsplit("-", 1)[-1])
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-            cp, signature = data["checkpoint"], data["signature"]
-        except (OSError, ValueError, KeyError, TypeError):
+    prev_digest, prev_signature = GENESIS, None
+    files = _checkpoint_files(directory)
+    following = next(files, None)
+    while following is not None:
+        named, path, cp, signature = following
+        following = next(files, None)
+        if cp is None:
             return good, f"BROKEN at checkpoint #{named}: {path.name} is not a checkpoint"
         expected = len(good) + 1
         if cp.get("number") != named:
             return good, f"BROKEN at checkpoint #{named}: the file holds #{cp.get('number')}"
         if named != expected:
             return good, f"BROKEN at checkpoint #{expected}: missing (next is #{named})"
-        if not check_signature(cp, signature, keys):
+        if cp.get("key_id") not in keys:
+            return good, f"BROKEN at checkpoint #{named}: signature does not verify"
+        last_of_key = following is None or (following[2] or {}).get("key_id") != cp["key_id"]
+        if last_of_key and not check_signature(cp, signature, keys):
             return good, f"BROKEN at checkpoint #{named}: signature does not verify"
         if cp.get("prev_checkpoint") != prev_digest:
+            if good and not check_signature(good[-1], prev_signature, keys):
+                return good[:-1], f"BROKEN at checkpoint #{named - 1}: signature does not verify"
             return good, f"BROKEN at checkpoint #{named}: does not follow #{named - 1}"
         if good and cp["tree_size"] < good[-1]["tree_size"]:
             return good, f"BROKEN at checkpoint #{named}: the tree shrank"
         good.append(cp)
         prev_digest = hashlib.sha256(canonical(cp).encode("utf-8")).hexdigest()
+        prev_signature = signature
     return good, None
 
 
@@ -206,7 +247,7 @@ def read_checkpoints(directory, keys):
 
 def verify(lines, links=True, checkpoints=()):
     prev, count, frontier = None, 0, Frontier()
-    pending = list(checkpoints)
+    pending = collections.deque(checkpoints)
     for line in lines:
         if not line.strip():
             continue
@@ -227,7 +268,7 @@ def verify(lines, links=True, checkpoints=()):
         if frontier.size == seq - 1:  # a contiguous run from #1: the Merkle tree is known
             frontier.append(leaf)
             while pending and pending[0]["tree_size"] == frontier.size:
-                cp = pending.pop(0)
+                cp = pending.popleft()
                 if cp["root_hash"] != frontier.root():
                     return (
                         f"BROKEN at checkpoint #{cp['number']}: events up to #{seq} do not "
@@ -343,8 +384,70 @@ def verify_proof(header, lines, keys, checkpoints):
     )
 
 
+# -- what the reader asked for (issue 23, item 7) --------------------------------------------
+
+
+def canonical_filter(name, value):
+    """A filter as the proof header states it: times as UTC with microseconds, no offset
+    meaning UTC (like `audit export`)."""
+    if name in ("since", "until"):
+        moment = dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
+        if moment.tzinfo is None:
+            moment = moment.replace(tzinfo=dt.UTC)
+        return moment.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return value
+
+
+def last_witnessed(path):
+    """The last head in a witness's state file (``audit/witness.py``), read from its end."""
+    with open(path, "rb") as state:
+        state.seek(0, 2)
+        state.seek(max(0, state.tell() - 65536))
+        lines = [ln for ln in state.read().splitlines() if ln.strip()]
+    if not lines:
+        raise ValueError(f"{path}: no witnessed head")
+    return json.loads(lines[-1])["checkpoint"]
+
+
+def check_binding(header, expect):
+    """None when the proof is for what was asked; else what differs. ``expect``: filters
+    (name -> value), first_seq, min_checkpoint, witnessed (a checkpoint body), each only
+    when given."""
+    cp = header["checkpoint"]
+    if expect["filters"] is not None:
+        wanted = {k: canonical_filter(k, v) for k, v in expect["filters"].items()}
+        if header["filters"] != wanted:
+            return (
+                f"MISMATCH: the proof is for the filters {canonical(header['filters'])}, not the "
+                f"expected {canonical(wanted)} (an added filter can leave events out)"
+            )
+    if expect["first_seq"] is not None and header["first_seq"] != expect["first_seq"]:
+        return (
+            f"MISMATCH: the proof starts at #{header['first_seq']}, not at the expected "
+            f"#{expect['first_seq']} (the events before it are not proven)"
+        )
+    floor = expect["min_checkpoint"]
+    if floor is not None and cp["number"] < floor:
+        return (
+            f"MISMATCH: the proof ends at checkpoint #{cp['number']}, older than the expected "
+            f"#{floor} (the events after it are not proven)"
+        )
+    seen = expect["witnessed"]
+    if seen is not None:
+        if cp["number"] < seen["number"] or cp["tree_size"] < seen["tree_size"]:
+            return (
+                f"MISMATCH: the proof ends at checkpoint #{cp['number']} ({cp['tree_size']} "
+                f"events), older than the witnessed #{seen['number']} ({seen['tree_size']} "
+                "events): the events after it are not proven"
+            )
+        if cp["number"] == seen["number"] and canonical(cp) != canonical(seen):
+            return f"MISMATCH: checkpoint #{cp['number']} is not the one the witness saw (fork)"
+    return None
+
+
 def main(argv):
     args, keys, directory = [], {}, None
+    expect: dict = {"filters": None, "first_seq": None, "min_checkpoint": None, "witnessed": None}
     it = iter(argv)
     for arg in it:
         if arg == "--public-key":
@@ -352,8 +455,24 @@ def main(argv):
             keys[key_id] = raw
         elif arg == "--checkpoints":
             directory = next(it)
+        elif arg == "--expect":
+            name, sep, value = next(it).partition("=")
+            if not sep or not value:
+                return "--expect takes NAME=VALUE (actor=bob, since=2026-01-01T00:00:00)"
+            expect["filters"] = {**(expect["filters"] or {}), name: value}
+        elif arg == "--expect-all":
+            expect["filters"] = {}
+        elif arg == "--from-seq":
+            expect["first_seq"] = int(next(it))
+        elif arg == "--min-checkpoint":
+            expect["min_checkpoint"] = int(next(it))
+        elif arg == "--witness":
+            expect["witnessed"] = last_witnessed(next(it))
         else:
             args.append(arg)
+    asked = any(v is not None for v in expect.values())
+    if asked and expect["first_seq"] is None:
+        expect["first_seq"] = 1  # asked for a range: from the start unless told otherwise
     checkpoints = None
     if directory is not None:
         if not keys:
@@ -367,7 +486,16 @@ def main(argv):
         if header.get("format") == "dlo-audit-proof/1":
             if not keys:
                 return "a proof export needs --public-key KEY"
+            if asked:
+                try:
+                    mismatch = check_binding(header, expect)
+                except (KeyError, TypeError, ValueError) as exc:
+                    return f"MISMATCH: cannot compare with what was asked ({exc})"
+                if mismatch:
+                    return mismatch
             return verify_proof(header, export, keys, checkpoints)
+        if asked:
+            return "--expect, --from-seq, --min-checkpoint and --witness need a proof export"
         lines = [first] if first else []
         return verify(
             _chain(lines, export), links="--hashes-only" not in args[1:],

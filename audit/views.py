@@ -21,6 +21,7 @@ from audit.export import chunks, streaming_response
 from audit.filters import AuditFilterForm, page_of
 from audit.models import PERSON_Q, AuditEvent, AuditHead, ChainVerification
 from audit.status import log_status
+from audit.witnessing import latest_cosignature
 from dashboard.http import HtmxHttpRequest
 
 
@@ -109,6 +110,7 @@ def event_list(request: HtmxHttpRequest) -> HttpResponse:
         "verification": ChainVerification.objects.first(),
         "head": AuditHead.objects.filter(pk=1).first(),
         "log_status": log_status(),
+        "witnessed": latest_cosignature(),
         "can_export": request.user.has_perm(EXPORT),
         "can_verify": request.user.has_perm(VERIFY),
     }

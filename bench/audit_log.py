@@ -17,7 +17,16 @@ In a fresh PostgreSQL database, in one run:
    their sealed form so the set-up takes minutes), against a signed checkpoint, with the
    process's peak memory before and after the walk.
 
-``BENCH_PARTS=4`` runs only part 4, and so on.
+5. Checkpoints at scale (issue 23): ``BENCH_VERIFY_EVENTS`` events and ``BENCH_CHECKPOINTS``
+   (default 525,600: a year of minutely checkpoints) signed checkpoint files spread over them,
+   in the real format with the real key (signed and written as ``write_checkpoint`` does, the
+   roots taken from the same frontier), the stored Merkle subtrees built by the real
+   ``audit.tree.extend``. Timed: ``audit verify`` against all of them, one more checkpoint
+   write, the audit page's and ``/metrics``' status, consistency proofs, a witness poll
+   (``audit/witness.py`` over the real views), and the standard-library verifier reading the
+   checkpoint directory.
+
+``BENCH_PARTS=4`` runs only part 4, and so on (default ``1234``; ``5`` on its own).
 
 Everything is dropped afterwards. Loopback only. Quote ``uptime`` with the figures.
 """
@@ -40,6 +49,7 @@ SINGLE = int(os.environ.get("BENCH_RECORDS", "2000"))
 PER_WRITER = int(os.environ.get("BENCH_PER_WRITER", "300"))
 ACTION_S = float(os.environ.get("BENCH_ACTION_MS", "2")) / 1000
 SEAL_EVENTS = int(os.environ.get("BENCH_SEAL_EVENTS", "20000"))
+CHECKPOINTS = int(os.environ.get("BENCH_CHECKPOINTS", "525600"))
 PARTS = os.environ.get("BENCH_PARTS", "1234")  # which numbered parts to run
 DB = f"bench_audit_{uuid.uuid4().hex[:8]}"
 
@@ -269,6 +279,193 @@ def verify_million() -> None:
     )
 
 
+def _store_events_and_checkpoints(total: int, checkpoints: int, directory: Path) -> None:
+    """Events #1–#total (as in part 4) with ``checkpoints`` signed checkpoint files at evenly
+    spread tree sizes, each body built, signed and written as ``audit.checkpoints._write``
+    does (the same format, key, canonical JSON, file naming and hard-link write)."""
+    import base64
+
+    from django.conf import settings
+    from django.db import connection, transaction
+    from django.utils import timezone
+
+    from audit import triggers
+    from audit.actions import _copy_events
+    from audit.chain import GENESIS, MerkleFrontier, canonical_json
+    from audit.checkpoints import (
+        FORMAT,
+        Checkpoint,
+        _write_file,
+        key_id,
+        load_private_key,
+    )
+    from audit.models import AuditHead
+    from audit.sealer import seal
+
+    settings.DLO_AUDIT_SEALER = "off"
+    seal()
+    key = load_private_key(settings.DLO_AUDIT_SIGNING_KEY)
+    kid = key_id(key.public_key())
+    head = AuditHead.objects.get(pk=1)
+    frontier, prev, seq = MerkleFrontier.loads(head.frontier), head.hash or GENESIS, head.seq
+    assert seq == 0, "part 5 needs an empty log (run it on its own: BENCH_PARTS=5)"
+    sizes = iter([max(1, -(-i * total // checkpoints)) for i in range(1, checkpoints + 1)])
+    next_size, number, prev_cp = next(sizes), 0, GENESIS
+    start = time.perf_counter()
+    while seq < total:
+        n = min(2_000, total - seq)
+        rows, _ = [], None
+        for _ in range(n):
+            batch, prev = _sealed_rows(seq + 1, 1, prev, frontier)
+            rows += batch
+            seq += 1
+            while next_size == seq:
+                number += 1
+                body = {"format": FORMAT, "number": number, "tree_size": seq,
+                        "root_hash": frontier.root(), "head_hash": prev,
+                        "time": timezone.now().strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+                        "prev_checkpoint": prev_cp, "key_id": kid}  # fmt: skip
+                signature = base64.b64encode(key.sign(canonical_json(body).encode()))
+                cp = Checkpoint(body, signature.decode("ascii"))
+                _write_file(directory, cp)
+                prev_cp = cp.digest()
+                next_size = next(sizes, -1)
+        with transaction.atomic():
+            _copy_events(rows)
+    AuditHead.objects.filter(pk=1).update(
+        seq=seq, hash=prev, frontier=frontier.dumps(), sealed_at=timezone.now(),
+        checkpoint_number=number, checkpoint_tree_size=seq, checkpoint_root=frontier.root(),
+        checkpoint_at=timezone.now(),
+    )  # fmt: skip
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE audit_auditevent")
+    triggers.install(connection)
+    print(
+        f"  stored {seq} events and {number} signed checkpoint files in "
+        f"{time.perf_counter() - start:.0f} s"
+    )
+
+
+def checkpoints_at_scale(workdir: Path) -> None:
+    import random
+    import subprocess
+    import sys
+
+    from django.conf import settings
+    from django.test import Client
+
+    from audit import tree, witness
+    from audit.actions import Actor, record, verify_chain
+    from audit.chain import MerkleFrontier
+    from audit.checkpoints import write_checkpoint
+    from audit.models import AuditHead
+    from audit.status import log_status
+    from audit.verify_export import read_public_key
+    from dashboard.models import ApiToken
+
+    directory = Path(settings.DLO_AUDIT_CHECKPOINT_DIR)
+    _store_events_and_checkpoints(VERIFY_EVENTS, CHECKPOINTS, directory)
+    head = AuditHead.objects.get(pk=1)
+    start = time.perf_counter()
+    tree.extend(head.seq, MerkleFrontier.loads(head.frontier).root())
+    print(
+        f"  stored Merkle subtrees built once (the one-time upgrade of an existing log) "
+        f"in {time.perf_counter() - start:.0f} s"
+    )
+    from audit.checkpoints import read_dir, trusted_keys, verify_chain_of_checkpoints
+
+    start = time.perf_counter()
+    files = read_dir(directory)
+    read_s = time.perf_counter() - start
+    check = verify_chain_of_checkpoints(files, trusted_keys(), expected_last=len(files))
+    chain_s = time.perf_counter() - start - read_s
+    print(
+        f"  of which: reading {len(files)} checkpoint files {read_s:.1f} s, checking their "
+        f"numbers, links and signatures {chain_s:.1f} s (ok={check.ok})"
+    )
+    del files, check
+    start = time.perf_counter()
+    walk_only = verify_chain(checkpoint_dir=None)
+    print(
+        f"  the walk alone (no checkpoints): {walk_only.events} events in "
+        f"{time.perf_counter() - start:.1f} s"
+    )
+    start = time.perf_counter()
+    result = verify_chain(checkpoint_dir=directory)
+    elapsed = time.perf_counter() - start
+    print(f"  audit verify: {result.summary()[:90]}")
+    print(
+        f"  verified {result.events} events against {result.checkpoints_matched} checkpoints "
+        f"in {elapsed:.1f} s (load {os.getloadavg()[0]:.2f})"
+    )
+    settings.DLO_AUDIT_SEALER = "inline"
+    for label in ("next", "one after"):
+        record("bench.tick", actor=Actor(1, "bench"))
+        start = time.perf_counter()
+        cp = write_checkpoint()
+        print(
+            f"  {label} checkpoint write (#{cp.number if cp else '-'}): "
+            f"{(time.perf_counter() - start) * 1000:.1f} ms"
+        )
+    start = time.perf_counter()
+    for _ in range(20):
+        log_status()
+    print(f"  audit page / metrics status: {(time.perf_counter() - start) / 20 * 1000:.1f} ms")
+    size = tree.stored_size()
+    pairs = [(random.randint(1, size), size) for _ in range(200)]
+    start = time.perf_counter()
+    for first, second in pairs:
+        tree.consistency_proof(min(first, second), second)
+    per = (time.perf_counter() - start) / len(pairs) * 1000
+    print(f"  consistency proof at {size} leaves: {per:.2f} ms each (200 random pairs)")
+
+    from tests.conftest import make_user
+
+    token = ApiToken.issue(make_user("bench-witness", "audit_witness"), "bench")[1]
+
+    class ClientLog:
+        client = Client()
+
+        def get(self, path: str) -> Any:
+            response = self.client.get(path, HTTP_AUTHORIZATION=f"Bearer {token}")
+            if response.status_code != 200:
+                raise witness.CannotCheck(f"{path}: {response.status_code}")
+            return response.json()
+
+    pinned = read_public_key(f"{settings.DLO_AUDIT_SIGNING_KEY}.pub")
+    state = workdir / "witness.jsonl"
+    witness.poll(ClientLog(), pinned, str(state))  # the first head (trusted on first use)
+    times = []
+    for _ in range(10):
+        record("bench.tick", actor=Actor(1, "bench"))
+        write_checkpoint()
+        start = time.perf_counter()
+        witness.poll(ClientLog(), pinned, str(state))
+        times.append(time.perf_counter() - start)
+    times.sort()
+    print(
+        f"  witness poll (fetch, Ed25519 check in pure Python, consistency proof, state "
+        f"append): median {times[5] * 1000:.0f} ms, max {times[-1] * 1000:.0f} ms"
+    )
+    script = Path(__file__).resolve().parents[1] / "audit" / "verify_export.py"
+    code = (
+        "import sys, time; sys.path.insert(0, sys.argv[1]); import verify_export as v; "
+        "keys = dict([v.read_public_key(sys.argv[3])]); t = time.perf_counter(); "
+        "good, problem = v.read_checkpoints(sys.argv[2], keys); "
+        "print(len(good), problem, f'{time.perf_counter() - t:.1f}')"
+    )
+    done = subprocess.run(  # noqa: S603
+        [sys.executable, "-c", code, str(script.parent), str(directory),
+         f"{settings.DLO_AUDIT_SIGNING_KEY}.pub"],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    count, problem, seconds = done.stdout.split()[:3] if done.stdout else ("?", done.stderr, "?")
+    print(
+        f"  verify_export.py read and checked {count} checkpoint files in {seconds} s "
+        f"(problem: {problem})"
+    )
+
+
 def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         setup_django(Path(tmp))
@@ -288,6 +485,9 @@ def main() -> None:
             if "4" in PARTS:
                 print(f"4. verify {VERIFY_EVENTS} events")
                 verify_million()
+            if "5" in PARTS:
+                print(f"5. {VERIFY_EVENTS} events and {CHECKPOINTS} checkpoints")
+                checkpoints_at_scale(Path(tmp))
             print(f"load: {os.getloadavg()}")
         finally:
             from django.db import connections

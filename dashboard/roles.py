@@ -12,6 +12,8 @@ VIEWER = "viewer"
 ONCALL = "oncall"
 COMPLIANCE = "compliance"
 REGISTRY_ADMIN = "registry_admin"
+#: A script (``audit/witness.py``) run by compliance elsewhere: checkpoints, proofs, cosigning.
+AUDIT_WITNESS = "audit_witness"
 
 _VIEW = [
     "channels_registry.view_broker",
@@ -40,6 +42,7 @@ ROLE_PERMISSIONS: dict[str, list[str]] = {
         "audit.verify_auditevent",
         "channels_registry.reveal_channel_payload",
     ],
+    AUDIT_WITNESS: ["audit.witness_auditevent"],
     REGISTRY_ADMIN: [
         *_VIEW,
         "channels_registry.add_broker",

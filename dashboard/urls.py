@@ -26,6 +26,7 @@ urlpatterns = [
     path("api/dead-letters/", include("dlq.api")),
     path("api/replay-plans/", include("dlq.plan_api")),
     path("api/audit-events/", include("audit.api")),
+    path("api/audit/", include("audit.log_api")),
     # The schema answers scripts (a token; 401 without). The docs page is for the browser: DRF
     # views skip LoginRequiredMiddleware, so it asks for the sign-in page itself.
     path("api/schema/", SpectacularAPIView.as_view(), name="api_schema"),

@@ -74,7 +74,7 @@ def reanchor(apps: Any, schema_editor: Any) -> None:
             changes=None,
             outcome="success",
         )
-        event.pop("mac", None)  # a later column (0006_audit_a_mac)
+        event.pop("mac", None)  # a later column (0007_audit_a_mac)
         event_model.objects.create(**event)
     triggers.install_0004(connection)
 

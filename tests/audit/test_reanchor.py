@@ -63,7 +63,7 @@ def test_migration_reanchors_format_1_events_without_rewriting_them() -> None:
     assert facts["legacy_events"] == 3 and facts["legacy_head_hash"] == prev
     jsonb = connection.vendor == "postgresql"
     assert facts["legacy_failures"] == ([2] if jsonb else [])  # the jsonb false alarm, named
-    # Migration 0006_audit_a_mac then anchors the MAC: the events before it carry none.
+    # Migration 0007_audit_a_mac then anchors the MAC: the events before it carry none.
     mac_anchor = AuditEvent.objects.get(action="audit.mac_anchor")
     assert mac_anchor.seq == 5 and json.loads(mac_anchor.detail_json)["after"] == {
         "events_before": 4

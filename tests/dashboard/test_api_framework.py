@@ -91,6 +91,9 @@ def test_schema_describes_every_endpoint_and_needs_credentials(viewer: User) -> 
         "/api/replay-plans/",
         "/api/replay-plans/{id}/",
         "/api/audit-events/",
+        "/api/audit/checkpoints/latest/",
+        "/api/audit/consistency/",
+        "/api/audit/cosignatures/",
     }
     create = schema["paths"]["/api/replay-plans/"]["post"]
     assert {"201", "400", "401", "403", "415"} <= set(create["responses"])

@@ -16,7 +16,7 @@ from audit.chain import GENESIS, VerifyResult, verify_events
 from audit.export import chunks, proof_filters, proof_lines
 from audit.filters import FILTER_NAMES, AuditFilterForm
 from audit.history import write_recorded_checkpoint
-from audit.models import AuditEvent
+from audit.models import AuditEvent, AuditHead
 from audit.sealer import seal
 
 
@@ -70,6 +70,12 @@ class Command(BaseCommand):
             help="A trusted public key (repeat for rotated keys; default: the signing key's "
             "and DLO_AUDIT_PUBLIC_KEYS).",
         )
+        verify.add_argument(
+            "--witness",
+            metavar="STATE",
+            help="A witness's state file (audit/witness.py): the database must extend the "
+            "last head it saw.",
+        )
         keygen = sub.add_parser("keygen", help="Write a new Ed25519 signing key to PATH.")
         keygen.add_argument("path")
         sub.add_parser("checkpoint", help="Seal pending events and write a checkpoint now.")
@@ -111,7 +117,9 @@ class Command(BaseCommand):
         elif options.get("file"):
             self.verify_file(options["file"], hashes_only=options["hashes_only"])
         else:
-            self.verify_database(options.get("checkpoints"), options.get("public_key"))
+            self.verify_database(
+                options.get("checkpoints"), options.get("public_key"), options.get("witness")
+            )
 
     def keygen(self, path: str) -> None:
         try:
@@ -140,9 +148,14 @@ class Command(BaseCommand):
             f"{written.body['root_hash']} -> {written.path}"
         )
 
-    def verify_database(self, directory: str | None, keys: list[str] | None) -> None:
+    def verify_database(
+        self, directory: str | None, keys: list[str] | None, witness_state: str | None = None
+    ) -> None:
         verification = do_verify_chain(
-            Actor.system("audit-verify-command"), checkpoint_dir=directory, public_keys=keys
+            Actor.system("audit-verify-command"),
+            checkpoint_dir=directory,
+            public_keys=keys,
+            witness_state=witness_state,
         )
         for note in filter(None, verification.notes.split("\n")):
             self.stderr.write(f"note: {note}")
@@ -151,7 +164,7 @@ class Command(BaseCommand):
                 f"; matches signed checkpoint #{verification.checkpoints_matched}"
                 if verification.checkpoints_matched
                 else "; no signed checkpoint checked"
-            )
+            ) + ("; extends the witness's last head" if witness_state else "")
             self.stdout.write(
                 f"OK: {verification.events} events verified; head "
                 f"#{verification.head_seq} {verification.head_hash}{anchored}"
@@ -235,13 +248,18 @@ class Command(BaseCommand):
         except checkpoints.CheckpointError as exc:
             self.stderr.write(f"note: no new checkpoint ({exc}); using the latest one")
         directory = checkpoints.checkpoint_dir()
-        found = checkpoints.read_dir(directory) if directory and directory.exists() else []
-        if not found:
+        head = AuditHead.objects.filter(pk=1).first()
+        newest = (
+            checkpoints.latest(directory, head.checkpoint_number if head else 0)
+            if directory and directory.exists()
+            else None
+        )
+        if newest is None:
             raise CommandError(
                 "A proof export needs a signed checkpoint: set DLO_AUDIT_SIGNING_KEY and "
                 "DLO_AUDIT_CHECKPOINT_DIR, then run `manage.py audit checkpoint`."
             )
-        latest = found[-1]
+        latest = newest
         if not 1 <= first_seq <= latest.tree_size:
             raise CommandError(f"--from-seq must be within #1–#{latest.tree_size}")
         filters = proof_filters(form.active())

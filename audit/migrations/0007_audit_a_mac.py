@@ -73,7 +73,7 @@ def install_0004_triggers(apps: Any, schema_editor: Any) -> None:
 
 
 class Migration(migrations.Migration):
-    dependencies = [("audit", "0005_person_seq_index")]
+    dependencies = [("audit", "0006_audit_b_tree_witness")]
 
     operations = [
         migrations.RunPython(drop_triggers, install_0004_triggers),
