@@ -98,3 +98,8 @@ def log_status(now: dt.datetime | None = None) -> LogStatus:
         matches=matches,
         problems=problems,
     )
+
+
+def latest_checkpoint() -> Checkpoint | None:
+    """The newest signed checkpoint in the sink (``None``: no sink or none written yet)."""
+    return _latest_file()
