@@ -15,6 +15,7 @@ from channels_registry.access import channels_for_user, get_channel_for_user
 from channels_registry.charts import channel_charts
 from channels_registry.models import Broker, Channel
 from channels_registry.principles import PRINCIPLES, SEED_DEFAULTS
+from channels_registry.visibility import management_notes
 from dashboard.http import HtmxHttpRequest
 
 
@@ -84,6 +85,7 @@ def live_health_context(channel: Channel, range_key: str) -> dict[str, Any]:
     return {
         "health_row": make_row(channel, timezone.now()),
         "broker_problems": channel.broker.config_problems(),
+        "management_notes": management_notes(channel.broker),
         "observed_findings": health.observed_findings if health else [],
         "observed_at": health.observed_at if health else None,
         **channel_charts(channel, range_key),

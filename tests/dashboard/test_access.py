@@ -171,3 +171,11 @@ def test_firstrun_creates_one_admin_with_a_random_password(
     call_command("firstrun")
     assert "Users exist already" in capsys.readouterr().out
     assert User.objects.count() == 1
+
+
+def test_firstrun_names_the_port_and_make_demo_as_the_next_step(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    call_command("firstrun", "--port", "8001")
+    out = capsys.readouterr().out
+    assert "http://127.0.0.1:8001/login/" in out and "make demo" in out
