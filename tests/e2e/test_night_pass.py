@@ -48,6 +48,7 @@ def snap(tab: Any, name: str) -> None:
         tab.page.wait_for_timeout(100)
         prefix = f"{label}-" if label else ""
         tab.page.screenshot(path=str(out / f"{prefix}{name}-{width}.png"), full_page=True)
+        tab.page.screenshot(path=str(out / f"{prefix}{name}-{width}-first-screen.png"))
     tab.page.set_viewport_size(size)
 
 
@@ -358,3 +359,49 @@ def test_alerts_with_muted_rows_and_the_admin_forms_pass_axe_at_both_widths(
         ring = tab.page.evaluate("() => getComputedStyle(document.activeElement).outlineColor")
         assert ring == "rgb(255, 255, 255)", ring
     assert not failing, json.dumps(failing, indent=1)
+
+
+# --- 5. the entries list on a phone ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("scheme", ["light", "dark"])
+def test_entries_on_a_phone_are_cards_with_filters_folded_and_the_first_above_the_fold(
+    journey: Any, scheme: str
+) -> None:
+    browser_user("otto", "oncall")
+    browser_user("alice", "oncall")
+    channel = make_channel()
+    store(channel, *[letter(headers={"Idempotency-Key": f"k-{i}", "x-error-class": "Timeout",
+                                     "x-error-message": "payments-api timed out " * 4})
+                     for i in range(30)])  # fmt: skip
+    _awaiting(channel, make_user("carol", "oncall"))  # the top bar carries the approvals too
+    tab = journey(f"entries-phone-{scheme}", width=PHONE[0], height=PHONE[1], color_scheme=scheme)
+    tab.sign_in("otto", PASSWORD)
+    tab.go(f"/dead-letters/list/?channel={channel.slug}")
+    page = tab.page
+    fold = page.locator("details.filter-fold")
+    assert fold.evaluate("d => d.open") is False
+    expect(page.locator("select[name=status]")).to_be_hidden()
+    first = page.locator("table.dlq-entries tbody tr").first
+    box = first.bounding_box()
+    assert box is not None and box["y"] + 40 < PHONE[1], box  # the first card starts above it
+    assert first.evaluate("tr => getComputedStyle(tr).display") == "grid"
+    widths = page.evaluate(
+        "() => [document.querySelector('table.dlq-entries').scrollWidth,"
+        " document.documentElement.clientWidth]"
+    )
+    assert widths[0] <= widths[1], widths
+    expect(first.locator("td[data-label=Channel]")).to_have_text(channel.slug)
+    bad = tab.axe("entries-phone")
+    assert not bad, json.dumps(bad, indent=1)
+    page.locator("details.filter-fold > summary").click()
+    expect(page.locator("select[name=status]")).to_be_visible()
+    if scheme == "light":
+        page.locator("details.filter-fold > summary").click()
+        snap(tab, "entries")
+    # Wide: a table, every filter in view.
+    page.set_viewport_size({"width": WIDE[0], "height": WIDE[1]})
+    tab.go(f"/dead-letters/list/?channel={channel.slug}")
+    expect(page.locator("select[name=status]")).to_be_visible()
+    assert first.evaluate("tr => getComputedStyle(tr).display") == "table-row"
+    tab.check_clean()
