@@ -26,7 +26,10 @@ from dlq.models import RESOLVED, DeadLetter, Source
 
 DURATION_RULES = {RuleKey.LAG, RuleKey.MESSAGE_AGE, RuleKey.DLQ_AGE, RuleKey.POLLER_STALE}
 STATE_RULES = {RuleKey.STALLED, RuleKey.STOPPED, RuleKey.POISONED, RuleKey.NO_CONSUMERS}
-INFLOW_SOURCE = {RuleKey.DLQ_INFLOW: Source.DLQ, RuleKey.POISON_INFLOW: Source.POISON}
+INFLOW_SOURCE: dict[str, str] = {
+    RuleKey.DLQ_INFLOW: Source.DLQ,
+    RuleKey.POISON_INFLOW: Source.POISON,
+}
 
 
 def value_now(alert: Alert, health: ChannelHealth | None) -> float | None:
@@ -72,7 +75,7 @@ def values_now(alerts: Iterable[Alert], now: dt.datetime) -> dict[int, float | N
     active = [a for a in alerts if a.is_active and a.channel_id and a.rule not in STATE_RULES]
     if not active:
         return {}
-    ids = {a.channel_id for a in active}
+    ids = {a.channel_id for a in active if a.channel_id is not None}
     healths = {h.pk: h for h in ChannelHealth.objects.filter(pk__in=ids).defer("observed")}
     inflow = [a for a in active if a.rule in INFLOW_SOURCE]
     overrides = load_overrides(sorted({a.channel_id for a in inflow if a.channel_id}))
@@ -91,14 +94,14 @@ def values_now(alerts: Iterable[Alert], now: dt.datetime) -> dict[int, float | N
             counts[(w, row["channel_id"], row["source"])] = row["n"]
     oldest: dict[int, dt.datetime] = {}
     if any(a.rule == RuleKey.DLQ_AGE for a in active):
-        rows = (
+        oldest = dict(
             DeadLetter.objects.filter(channel_id__in=ids, source=Source.DLQ)
             .exclude(status__in=RESOLVED)
             .values("channel_id")
             .annotate(oldest=Min("dead_lettered_at"))
             .order_by()
+            .values_list("channel_id", "oldest")
         )
-        oldest = {row["channel_id"]: row["oldest"] for row in rows}
     result: dict[int, float | None] = {}
     for a in active:
         health = healths.get(a.channel_id or 0)

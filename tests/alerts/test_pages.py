@@ -234,3 +234,19 @@ def test_inflow_poison_and_age_alerts_show_their_value_now(viewer: object) -> No
     html = client_for(viewer).get("/alerts/").content.decode()  # type: ignore[arg-type]
     assert html.count("at firing 1 · now 3") == 2  # 3 new dead letters; poison 2 + 1 stored
     assert "at firing 1 · now 1" in html  # 1 new poison message
+
+
+def test_an_oldest_dead_letter_alert_shows_its_age_now(viewer: object) -> None:
+    from tests.dlq.conftest import letter, store
+
+    channel = make_channel()
+    now = timezone.now()
+    set_health(channel, now, dlq_depth=0)
+    store(channel, letter(dead_lettered_at=now.timestamp() - 2 * 3600))
+    Alert.objects.create(
+        rule="dlq-age", key=f"dlq-age:c{channel.pk}", broker=channel.broker, channel=channel,
+        state="firing", severity="warning", summary="oldest dead letter 1 h old", value=3600,
+        fired_value=3600, started_at=now, fired_at=now, last_evaluated_at=now,
+    )  # fmt: skip
+    html = client_for(viewer).get("/alerts/").content.decode()  # type: ignore[arg-type]
+    assert "at firing 60 min · now 2.0 h" in html

@@ -405,3 +405,60 @@ def test_entries_on_a_phone_are_cards_with_filters_folded_and_the_first_above_th
     expect(page.locator("select[name=status]")).to_be_visible()
     assert first.evaluate("tr => getComputedStyle(tr).display") == "table-row"
     tab.check_clean()
+
+
+# --- 7. charts for people who read charts ----------------------------------------------------
+
+
+def test_charts_read_by_keyboard_mouse_and_touch_zoom_to_a_shared_range(journey: Any) -> None:
+    browser_user("otto", "oncall")
+    scene = incident()
+    orders = scene["orders"]
+    tab = journey("charts", has_touch=True)
+    tab.sign_in("otto", PASSWORD)
+    tab.go(f"/channels/{orders.slug}/")
+    page = tab.page
+    backlog = page.locator("figure.chart").first
+    # Readable y-axis: round ticks as text beside the plot, more than max and 0.
+    ticks = backlog.locator(".y-axis span").all_inner_texts()
+    assert len(ticks) >= 3 and ticks[0] == "0", ticks
+    # Keyboard: focus the plot, step with the arrows; the value is spoken (aria-live).
+    plot = backlog.locator(".plot")
+    plot.focus()
+    readout = backlog.locator(".readout")
+    expect(readout).to_contain_text("Backlog 336")  # the last sample (100 + 4 × 59)
+    page.keyboard.press("ArrowLeft")
+    expect(readout).to_contain_text("Backlog 332")
+    assert readout.get_attribute("aria-live") == "polite"
+    page.keyboard.press("Home")
+    expect(readout).to_contain_text("Backlog 100")
+    # Every chart follows the same time.
+    expect(page.locator("figure.chart").nth(1).locator(".readout")).to_contain_text("DLQ depth")
+    snap(tab, "charts-keyboard")
+    # Mouse: the crosshair follows the pointer.
+    box = backlog.locator("svg").bounding_box()
+    assert box is not None
+    page.mouse.move(box["x"] + box["width"] * 0.5, box["y"] + box["height"] / 2)
+    expect(readout).to_contain_text("Backlog 2")
+    assert backlog.locator("line.crosshair").get_attribute("visibility") == "visible"
+    # Touch: a tap reads the value there.
+    page.touchscreen.tap(box["x"] + box["width"] - 3, box["y"] + box["height"] / 2)
+    expect(readout).to_contain_text("Backlog 336")
+    # The table view holds the same values.
+    table = backlog.locator(".chart-table")
+    table.locator("summary").click()
+    expect(table.locator("tbody tr").last).to_contain_text("336")
+    # Drag across a chart: every chart shows that range, and it is in the URL.
+    page.mouse.move(box["x"] + box["width"] * 0.3, box["y"] + 20)
+    page.mouse.down()
+    page.mouse.move(box["x"] + box["width"] * 0.6, box["y"] + 20, steps=5)
+    page.mouse.up()
+    page.wait_for_url(re.compile(r"from=\d+&to=\d+"))
+    starts = {
+        page.locator(".chart .plot").nth(i).get_attribute("data-start")
+        for i in range(page.locator(".chart .plot").count())
+    }
+    assert len(starts) == 1 and starts != {None}
+    assert page.locator("input[name=from]").input_value()
+    snap(tab, "charts-zoomed")
+    tab.check_clean()
