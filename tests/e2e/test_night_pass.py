@@ -327,9 +327,18 @@ def test_alerts_with_muted_rows_and_the_admin_forms_pass_axe_at_both_widths(
 ) -> None:
     browser_user("root", "oncall", "compliance", "registry_admin", staff=True)
     scene = _scene_with_muted_alerts()
-    broker = scene["orders"].broker
+    orders = scene["orders"]
+    broker = orders.broker
+    plan = _awaiting(orders, make_user("alice", "oncall"))
+    alert = Alert.objects.filter(inhibited=True).first()
+    assert alert is not None
     pages = [
         "/alerts/",
+        f"/alerts/{alert.pk}/",
+        f"/dead-letters/replays/{plan.pk}/",
+        f"/dead-letters/replay/?channel={orders.slug}",
+        "/channels/principles/",
+        "/channels/import/",
         "/admin/",
         "/admin/channels_registry/broker/add/",
         f"/admin/channels_registry/broker/{broker.pk}/change/",
