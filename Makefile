@@ -14,17 +14,19 @@ $(STAMP): requirements.lock
 
 venv: $(STAMP)
 
-## make run: the dashboard on http://127.0.0.1:8000 with embedded defaults (SQLite, in-memory
+## make run: the dashboard on http://127.0.0.1:$(PORT) (default 8000; `make run PORT=8001`) with
+## embedded defaults (SQLite, in-memory
 ## channel layer, in-process scheduler). The first run creates the schema and an admin login,
 ## and, unless DLO_AUDIT_SIGNING_KEY / DLO_AUDIT_MAC_KEY / DLO_AUDIT_CHECKPOINT_DIR are set, a
 ## local audit checkpoint signing key, event MAC key and checkpoint directory under .audit/.
 AUDIT_ENV := DLO_AUDIT_SIGNING_KEY=$${DLO_AUDIT_SIGNING_KEY:-.audit/signing.key} \
 	DLO_AUDIT_MAC_KEY=$${DLO_AUDIT_MAC_KEY:-.audit/mac.key} \
 	DLO_AUDIT_CHECKPOINT_DIR=$${DLO_AUDIT_CHECKPOINT_DIR:-.audit/checkpoints}
+PORT ?= 8000
 run: $(STAMP)
 	$(BIN)/python manage.py migrate --noinput
-	$(AUDIT_ENV) $(BIN)/python manage.py firstrun
-	$(AUDIT_ENV) DLO_INPROCESS_SCHEDULER=1 $(BIN)/python manage.py runserver 127.0.0.1:8000
+	$(AUDIT_ENV) $(BIN)/python manage.py firstrun --port $(PORT)
+	$(AUDIT_ENV) DLO_INPROCESS_SCHEDULER=1 $(BIN)/python manage.py runserver 127.0.0.1:$(PORT)
 
 ## make test: lint, format check, type check, then the whole suite.
 test: lint typecheck pytest

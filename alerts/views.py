@@ -42,7 +42,6 @@ from alerts.models import (
 )
 from audit.actions import Actor
 from channels_registry.access import channels_for_user
-from channels_registry.models import ChannelHealth
 from dashboard.api import api_error, authenticate_token
 from dashboard.http import HtmxHttpRequest
 from dashboard.proxy import client_address
@@ -78,12 +77,6 @@ def _troubles(alert_ids: list[int]) -> dict[int, tuple[int, int]]:
     return result
 
 
-def _healths(alerts: list[Any]) -> dict[int, ChannelHealth]:
-    """The current health of the alerts' channels, one query (for "now" beside "at firing")."""
-    ids = {a.channel_id for a in alerts if a.channel_id}
-    return {h.pk: h for h in ChannelHealth.objects.filter(pk__in=ids).defer("window", "observed")}
-
-
 @require_GET
 def alert_list(request: HtmxHttpRequest) -> HttpResponse:
     alerts = alerts_for_user(request)
@@ -97,9 +90,9 @@ def alert_list(request: HtmxHttpRequest) -> HttpResponse:
     else:
         rows = list(alerts.filter(state=AlertState.RESOLVED).order_by("-id")[:RESOLVED_SHOWN])
     troubles = _troubles([a.pk for a in rows])
-    healths = _healths(rows)
+    now_values = current.values_now(rows, now)
     for a in rows:
-        a.values_text = current.describe(a, healths.get(a.channel_id or 0))  # type: ignore[attr-defined]
+        a.values_text = current.describe(a, now_values.get(a.pk))  # type: ignore[attr-defined]
     context: dict[str, Any] = {
         "rows": [(a, *troubles.get(a.pk, (0, 0))) for a in rows],
         "show": show,
@@ -129,9 +122,15 @@ def _silence_form_context(request: HttpRequest) -> dict[str, Any]:
 @require_GET
 def alert_detail(request: HtmxHttpRequest, pk: int) -> HttpResponse:
     alert = get_alert_for_user(request, pk)
+    now_value = current.values_now([alert], timezone.now()).get(alert.pk)
+    values_text = current.describe(alert, now_value)
+    if request.htmx and not request.htmx.boosted:
+        return render(
+            request, "alerts/alert_detail.html#values", {"alert": alert, "values_text": values_text}
+        )
     context = {
         "alert": alert,
-        "values_text": current.describe(alert, _healths([alert]).get(alert.channel_id or 0)),
+        "values_text": values_text,
         "notifications": alert.notifications.select_related("destination").order_by("id"),
         "attempts": DeliveryAttempt.objects.filter(
             batch__in=alert.notifications.exclude(batch="").values("batch")

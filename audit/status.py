@@ -12,7 +12,7 @@ from django.utils import timezone
 
 from audit.chain import MerkleFrontier
 from audit.checkpoints import Checkpoint, checkpoint_dir
-from audit.checkpoints import latest as latest_checkpoint
+from audit.checkpoints import latest as latest_in_dir
 from audit.models import AuditHead
 from audit.sealer import unsealed_status
 from dashboard.egress import shown_url
@@ -40,7 +40,7 @@ def _latest_file(head: AuditHead | None) -> Checkpoint | None:
     directory = checkpoint_dir()
     if directory is None or not directory.is_dir():
         return None
-    return latest_checkpoint(directory, head.checkpoint_number if head else 0)
+    return latest_in_dir(directory, head.checkpoint_number if head else 0)
 
 
 def _shown_error(error: str) -> str:
@@ -126,3 +126,8 @@ def log_status(now: dt.datetime | None = None) -> LogStatus:
         matches=matches,
         problems=problems,
     )
+
+
+def latest_checkpoint() -> Checkpoint | None:
+    """The newest signed checkpoint in the sink (``None``: no sink or none written yet)."""
+    return _latest_file(AuditHead.objects.filter(pk=1).first())

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from typing import Any
-from urllib.parse import urlencode
+from urllib.parse import parse_qs, urlencode
 
 from django.contrib import messages
 from django.http import HttpResponse, HttpResponseBadRequest, StreamingHttpResponse
@@ -17,10 +17,10 @@ from django_htmx.http import push_url
 
 from audit.access import EXPORT, VERIFY, events_for_user, require_audit_permission
 from audit.actions import Actor, do_record_export, do_request_chain_verification
-from audit.export import chunks, streaming_response
-from audit.filters import AuditFilterForm, page_of
+from audit.export import chunks, proof_filters, proof_lines, streaming_response
+from audit.filters import FILTER_NAMES, AuditFilterForm, page_of
 from audit.models import PERSON_Q, AuditEvent, AuditHead, ChainVerification
-from audit.status import log_status
+from audit.status import latest_checkpoint, log_status
 from audit.witnessing import latest_cosignature
 from dashboard.http import HtmxHttpRequest
 
@@ -99,6 +99,8 @@ def event_list(request: HtmxHttpRequest) -> HttpResponse:
         rows, next_before = page_of(selected, form.cursor)
         if next_before is not None:
             older_query = _join(form.querystring(before=next_before), keep)
+    verification = ChainVerification.objects.first()
+    head = AuditHead.objects.filter(pk=1).first()
     context = {
         "form": form,
         "rows": [_row(event) for event in rows],
@@ -107,8 +109,11 @@ def event_list(request: HtmxHttpRequest) -> HttpResponse:
         "hide_system": hide_system,
         "filtered": any(request.GET.get(name) for name in form.fields),
         "export_query": form.querystring(),
-        "verification": ChainVerification.objects.first(),
-        "head": AuditHead.objects.filter(pk=1).first(),
+        "contiguous": form.is_valid() and form.is_contiguous(),
+        "page_query": _join(form.querystring(before=request.GET.get("before") or None), keep),
+        "verification": verification,
+        "behind": _behind(verification, head),
+        "head": head,
         "log_status": log_status(),
         "witnessed": latest_cosignature(),
         "can_export": request.user.has_perm(EXPORT),
@@ -120,6 +125,18 @@ def event_list(request: HtmxHttpRequest) -> HttpResponse:
     # The history entry htmx pushes: only the filters in use, not every empty form field.
     query = _join(form.querystring(before=request.GET.get("before") or None), keep)
     return push_url(response, f"{request.path}?{query}" if query else request.path)
+
+
+def _behind(verification: ChainVerification | None, head: AuditHead | None) -> int:
+    """How many sealed events the last finished verification did not cover (0: it is about
+    the current head). A verification is never shown as current once the log moved on."""
+    if verification is None or verification.finished_at is None or head is None:
+        return 0
+    verified = verification.head_seq or 0
+    behind = max((head.seq or 0) - verified, 0)
+    if behind == 1 and AuditEvent.objects.filter(seq=verified + 1, action="audit.verify").exists():
+        return 0  # the verification's own record, written after the walk
+    return behind
 
 
 @require_GET
@@ -137,8 +154,54 @@ def export(request: HtmxHttpRequest, fmt: str) -> HttpResponse | StreamingHttpRe
     return streaming_response(request, pieces, filename)
 
 
+@require_GET
+def export_proof(request: HtmxHttpRequest) -> HttpResponse | StreamingHttpResponse:
+    """``audit export --proof`` from the page: every event from ``from_seq`` (default 1) up to
+    the latest signed checkpoint, in full where it matches the filters, withheld (its index
+    and a digest) where not, so ``verify_export.py`` proves the export complete for them.
+
+    It reads the checkpoint the sealer last wrote (every minute) rather than signing one in
+    the request: events after it are covered by the next one."""
+    events_for_user(request, EXPORT)  # the permission check (and its audited refusal)
+    form = AuditFilterForm(request.GET)
+    if not form.is_valid():
+        return HttpResponseBadRequest(
+            "Invalid filters: " + form.errors.as_text(), content_type="text/plain"
+        )
+    checkpoint = latest_checkpoint()
+    if checkpoint is None:
+        return HttpResponse(
+            "A proof export needs a signed checkpoint, and none is written yet: set "
+            "DLO_AUDIT_SIGNING_KEY and DLO_AUDIT_CHECKPOINT_DIR (make run does), then wait a "
+            "minute or run `manage.py audit checkpoint`.",
+            status=409,
+            content_type="text/plain",
+        )
+    try:
+        first_seq = int(request.GET.get("from_seq") or 1)
+    except ValueError:
+        first_seq = 0
+    if not 1 <= first_seq <= checkpoint.tree_size:
+        return HttpResponseBadRequest(
+            f"from_seq must be within #1–#{checkpoint.tree_size}", content_type="text/plain"
+        )
+    do_record_export(Actor.from_request(request), fmt="proof", filters=form.active())
+    lines = proof_lines(proof_filters(form.active()), checkpoint, first_seq)
+    filename = f"audit-proof-{timezone.now():%Y%m%dT%H%M%SZ}-{checkpoint.tree_size}.jsonl"
+    return streaming_response(request, lines, filename)
+
+
+def _filters_back(raw: str) -> str:
+    """The audit page's query string to return to, rebuilt from known filter names only."""
+    params = {k: v[-1] for k, v in parse_qs(raw[:2000]).items() if v}
+    form = AuditFilterForm({k: params[k] for k in FILTER_NAMES if k in params})
+    query = form.querystring()
+    return _join(query, "system=hide" if params.get("system") == "hide" else "")
+
+
 @require_POST
 def verify_now(request: HtmxHttpRequest) -> HttpResponse:
+    """Queue a walk of the chain, then back to the page with its filters as they were."""
     require_audit_permission(request, VERIFY)
     if do_request_chain_verification(Actor.from_request(request)):
         messages.success(
@@ -148,4 +211,5 @@ def verify_now(request: HtmxHttpRequest) -> HttpResponse:
         )
     else:
         messages.info(request, "A chain verification is already running.")
-    return redirect("audit_events")
+    back = _filters_back(request.POST.get("filters", ""))
+    return redirect(f"{reverse('audit_events')}?{back}" if back else reverse("audit_events"))

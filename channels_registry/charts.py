@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import itertools
+import math
 from collections.abc import Callable, Sequence
 from html import escape
 from typing import Any
@@ -224,6 +225,66 @@ def _marks(events: list[ChartEvent], start: float, end: float, width: float) -> 
     return mark_safe("".join(parts))
 
 
+def nice_ticks(top: float, most: int = 4, *, integer: bool = False) -> list[float]:
+    """Round y-axis ticks from 0 to at least ``top``: steps of 1, 2 or 5 × 10^k, at most
+    ``most`` steps (``[0, 1]`` when there is nothing above zero); whole steps for counts."""
+    if top <= 0:
+        return [0.0, 1.0]
+    raw = top / most
+    magnitude = 10 ** math.floor(math.log10(raw))
+    step = next(m * magnitude for m in (1, 2, 5, 10) if m * magnitude >= raw)
+    if integer:
+        step = max(step, 1.0)
+    count = max(1, math.ceil(top / step - 1e-9))
+    return [i * step for i in range(count + 1)]
+
+
+def _axis_label(value: float, fmt: Callable[[float], str]) -> str:
+    if value >= 10_000 and value == int(value):
+        for size, unit in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+            if value >= size:
+                return f"{value / size:g}{unit}"
+    return fmt(value)
+
+
+def _table(lines: list[Line], label: str, fmt: Callable[[float], str]) -> SafeString:
+    """The chart's values as a table (screen readers; the crosshair reads it too): one row per
+    time, a cell per series, "unknown" for a gap."""
+    times = sorted({t for line in lines for t, _ in line.points})
+    values = [dict(line.points) for line in lines]
+    head = mark_safe("".join(format_html('<th scope="col">{}</th>', line.label) for line in lines))
+    rows = []
+    for t in times:
+        cells = mark_safe(
+            "".join(
+                format_html("<td>{}</td>", _value_at(v, t, fmt) if t in v else "—") for v in values
+            )
+        )
+        when = dt.datetime.fromtimestamp(t, tz=dt.UTC)
+        rows.append(
+            format_html(
+                '<tr data-t="{}"><th scope="row"><time datetime="{}" data-local="seconds">{}'
+                "</time></th>{}</tr>",
+                f"{t:.0f}",
+                when.isoformat(),
+                when.strftime("%Y-%m-%d %H:%M:%S UTC"),
+                cells,
+            )
+        )
+    return format_html(
+        '<details class="chart-table"><summary>{} as a table</summary>'
+        '<div class="scroll-x" tabindex="0" role="region" aria-label="{} values">'
+        '<table class="grid"><caption class="visually-hidden">{}</caption>'
+        '<thead><tr><th scope="col">Time</th>{}</tr></thead><tbody>{}</tbody></table></div>'
+        "</details>",
+        label,
+        label,
+        label,
+        head,
+        mark_safe("".join(rows)) if rows else mark_safe("<tr><td>no data</td></tr>"),
+    )
+
+
 def line_chart(
     lines: list[Line],
     start: float,
@@ -232,20 +293,41 @@ def line_chart(
     label: str,
     events: Sequence[ChartEvent] = (),
     fmt: Callable[[float], str] = lambda v: f"{v:,.0f}",
+    integer: bool = True,
 ) -> SafeString:
-    """A labelled chart of one or more series with a zero baseline, the max value, the time
-    span, values on hover and the channel's events marked (see ``ChartEvent``)."""
+    """A labelled chart of one or more series: round y-axis ticks (whole ones for counts,
+    ``integer``) with grid lines, the time span, the channel's events marked (``ChartEvent``),
+    values on hover (titles) and, with ``static/dlo/charts.js``, a crosshair by mouse, touch
+    and keyboard; and the same values as a table for screen readers."""
     known = [v for line in lines for _, v in line.points if v is not None]
     top = max(known) if known else 0.0
+    ticks = nice_ticks(top, integer=integer)
+    scale = ticks[-1]
     plot = WIDTH - PAD
     drawn = [
         format_html(
             '<g class="series s-{}">{}</g>',
             line.key,
-            _draw(_segments(line.points, start, end, top, plot, HEIGHT)),
+            _draw(_segments(line.points, start, end, scale, plot, HEIGHT)),
         )
         for line in lines
     ]
+    grid = mark_safe(
+        "".join(
+            f'<line class="grid-line" x1="0" y1="{y:.1f}" x2="{plot}" y2="{y:.1f}"/>'
+            for y in (HEIGHT - 1 - v / scale * (HEIGHT - 2) for v in ticks[1:])
+        )
+    )
+    y_axis = mark_safe(
+        "".join(
+            format_html(
+                '<span style="bottom:{}%">{}</span>',
+                f"{v / scale * 100:.1f}",
+                _axis_label(v, fmt),
+            )
+            for v in ticks
+        )
+    )
     last = {line.label: [v for _, v in line.points if v is not None] for line in lines}
     summary = (
         ", ".join(f"{name} last {fmt(vs[-1])}" for name, vs in last.items() if vs)
@@ -260,30 +342,37 @@ def line_chart(
     return format_html(
         '<figure class="chart"><figcaption>{} <span class="legend">{}</span>'
         ' <span class="sub">max {}; {}</span></figcaption>'
+        '<div class="plot" data-start="{}" data-end="{}" data-pad="{}" data-width="{}">'
+        '<div class="y-axis" aria-hidden="true">{}</div>'
         '<svg width="100%" viewBox="0 0 {} {}" preserveAspectRatio="none" role="img"'
-        ' aria-label="{}: max {}; {}"><g transform="translate({},0)">'
-        '<line class="axis" x1="0" y1="{}" x2="{}" y2="{}"/>{}{}{}</g>'
-        '<text x="0" y="10">{}</text><text x="0" y="{}">0</text></svg>'
-        '<div class="chart-x sub"><span>{} ago</span><span>now</span></div></figure>',
+        ' aria-label="{}: max {}; {}"><g transform="translate({},0)">{}'
+        '<line class="axis" x1="0" y1="{}" x2="{}" y2="{}"/>{}{}{}</g></svg></div>'
+        '<output class="readout sub" aria-live="polite"></output>'
+        '<div class="chart-x sub"><span>{} ago</span><span>now</span></div>{}</figure>',
         label,
         legend,
         fmt(top) if known else "—",
         summary,
+        f"{start:.0f}",
+        f"{end:.0f}",
+        PAD,
+        WIDTH,
+        y_axis,
         WIDTH,
         HEIGHT,
         label,
         fmt(top) if known else "—",
         summary,
         PAD,
+        grid,
         HEIGHT - 1,
         plot,
         HEIGHT - 1,
         _marks(list(events), start, end, plot),
         mark_safe("".join(drawn)),
         _hover_bands(lines, start, end, plot, fmt),
-        fmt(top) if known else "",
-        HEIGHT - 2,
         fmt_duration(end - start),
+        _table(lines, label, fmt),
     )
 
 
@@ -325,30 +414,77 @@ def _rates(points: list[ChartPoint]) -> list[tuple[float, float | None]]:
     return rates
 
 
-def _points(channel: Channel, range_key: str, start_dt: dt.datetime) -> list[ChartPoint]:
+def _points(
+    channel: Channel, range_key: str, start_dt: dt.datetime, end_dt: dt.datetime
+) -> list[ChartPoint]:
     if range_key == "1h":
         rows: Any = (
-            ChannelSample.objects.filter(channel=channel, taken_at__gte=start_dt)
+            ChannelSample.objects.filter(
+                channel=channel, taken_at__gte=start_dt, taken_at__lte=end_dt
+            )
             .order_by("taken_at")
             .values_list("taken_at", *FIELDS, "produced")
         )
     else:
         rows = (
-            ChannelRollup.objects.filter(channel=channel, minute__gte=start_dt)
+            ChannelRollup.objects.filter(channel=channel, minute__gte=start_dt, minute__lte=end_dt)
             .order_by("minute")
             .values_list("minute", *FIELDS)
         )
     return [ChartPoint(t.timestamp(), *values) for t, *values in rows]
 
 
-def channel_charts(channel: Channel, range_key: str) -> dict[str, Any]:
+#: A chosen range: at least a minute, at most the longest fixed range; samples up to this
+#: span (rollups beyond, as for the fixed ranges).
+MIN_WINDOW_S, MAX_WINDOW_S, RAW_WINDOW_S = 60.0, RANGES["7d"].total_seconds(), 7200.0
+
+
+def _instant(raw: str) -> float | None:
+    """Epoch seconds or an ISO 8601 time (UTC when it names no offset); ``None`` if neither."""
+    raw = raw.strip()[:40]
+    try:
+        return float(int(raw))
+    except (ValueError, OverflowError):
+        pass
+    try:
+        when = dt.datetime.fromisoformat(raw)
+        return (when if when.tzinfo else when.replace(tzinfo=dt.UTC)).timestamp()
+    except (ValueError, OverflowError):
+        return None
+
+
+def parse_window(params: Any, now: dt.datetime) -> tuple[tuple[float, float] | None, str]:
+    """The ``from``/``to`` the page was asked for (drag-to-zoom or the range inputs), clamped
+    to ``MIN_WINDOW_S``..``MAX_WINDOW_S`` ending no later than now; ``(None, why)`` when they
+    are missing or unusable (the page then draws its fixed range and says why)."""
+    raw_from, raw_to = params.get("from", ""), params.get("to", "")
+    if not raw_from and not raw_to:
+        return None, ""
+    start = _instant(raw_from) if raw_from else None
+    end = _instant(raw_to) if raw_to else now.timestamp()
+    if start is None or end is None or not (math.isfinite(start) and math.isfinite(end)):
+        return None, "That range is not a time: give from and to as dates and times (UTC)."
+    end = min(end, now.timestamp())
+    if end - start < MIN_WINDOW_S:
+        return None, "Pick a range of at least a minute that ends before now."
+    return (max(start, end - MAX_WINDOW_S), end), ""
+
+
+def channel_charts(
+    channel: Channel, range_key: str, window: tuple[float, float] | None = None
+) -> dict[str, Any]:
     """Context for the channel page's charts: raw samples for 1 h, minute rollups beyond; the
-    inflow rate needs the raw counters, so it is drawn for 1 h only."""
+    inflow rate needs the raw counters, so it is drawn for 1 h only. ``window`` (epoch seconds,
+    ``parse_window``) is a chosen range instead of the fixed one, shared by every chart."""
     range_key = range_key if range_key in RANGES else "1h"
     end_dt = timezone.now()
     start_dt = end_dt - RANGES[range_key]
+    if window is not None:
+        start_dt = dt.datetime.fromtimestamp(window[0], tz=dt.UTC)
+        end_dt = dt.datetime.fromtimestamp(window[1], tz=dt.UTC)
+        range_key = "1h" if window[1] - window[0] <= RAW_WINDOW_S else "custom"
     start, end = start_dt.timestamp(), end_dt.timestamp()
-    points = _bucket(_points(channel, range_key, start_dt), start, end)
+    points = _bucket(_points(channel, range_key, start_dt, end_dt), start, end)
     events = chart_events(channel, start_dt, end_dt)
 
     def series(name: str) -> Series:
@@ -375,6 +511,7 @@ def channel_charts(channel: Channel, range_key: str) -> dict[str, Any]:
                 label="Inflow rate (msg/s)",
                 events=events,
                 fmt=lambda v: f"{v:,.1f}",
+                integer=False,
             )
         )
     charts.append(
@@ -388,7 +525,10 @@ def channel_charts(channel: Channel, range_key: str) -> dict[str, Any]:
     )
     return {
         "charts": mark_safe("".join(charts)),
-        "chart_range": range_key,
+        "chart_range": range_key if window is None else "",
+        "chart_window": window,
+        "chart_from": start_dt.strftime("%Y-%m-%dT%H:%M"),
+        "chart_to": end_dt.strftime("%Y-%m-%dT%H:%M"),
         "chart_ranges": list(RANGES),
         "chart_points": len(points),
         "chart_events": events,

@@ -12,10 +12,11 @@ from django.utils import timezone
 from django.views.decorators.http import require_GET
 
 from channels_registry.access import channels_for_user, get_channel_for_user
-from channels_registry.charts import channel_charts
+from channels_registry.charts import channel_charts, parse_window
 from channels_registry.models import Broker, Channel
 from channels_registry.principles import PRINCIPLES, SEED_DEFAULTS
 from channels_registry.retries import read_retries
+from channels_registry.visibility import management_notes
 from dashboard.http import HtmxHttpRequest
 
 
@@ -65,12 +66,14 @@ def principles(request: HtmxHttpRequest) -> HttpResponse:
 @require_GET
 def channel_detail(request: HtmxHttpRequest, slug: str) -> HttpResponse:
     channel = get_channel_for_user(request, slug)
+    window, window_error = parse_window(request.GET, timezone.now())
     context = {
         "channel": channel,
         "errors": [f for f in channel.findings if f["severity"] == "error"],
         "warnings": [f for f in channel.findings if f["severity"] != "error"],
         "can_edit": request.user.has_perm("channels_registry.change_channel"),
-        **live_health_context(channel, request.GET.get("range", "1h")),
+        **live_health_context(channel, request.GET.get("range", "1h"), window),
+        "window_error": window_error,
     }
     return render(request, "channels_registry/channel_detail.html", context)
 
@@ -87,7 +90,9 @@ def channel_retries(request: HtmxHttpRequest, slug: str) -> HttpResponse:
     return render(request, template, context)
 
 
-def live_health_context(channel: Channel, range_key: str) -> dict[str, Any]:
+def live_health_context(
+    channel: Channel, range_key: str, window: tuple[float, float] | None = None
+) -> dict[str, Any]:
     """The channel page's health section: current state (as the board shows it), charts and
     the declared-vs-observed findings."""
     from dashboard.board import make_row
@@ -97,7 +102,8 @@ def live_health_context(channel: Channel, range_key: str) -> dict[str, Any]:
     return {
         "health_row": make_row(channel, timezone.now()),
         "broker_problems": channel.broker.config_problems(),
+        "management_notes": management_notes(channel.broker),
         "observed_findings": health.observed_findings if health else [],
         "observed_at": health.observed_at if health else None,
-        **channel_charts(channel, range_key),
+        **channel_charts(channel, range_key, window),
     }

@@ -49,7 +49,7 @@ def _id_cell(entry: Any, detail: str) -> str:
             f' <span class="badge" title="a replay of #{entry.parent_id} that dead-lettered'
             f' again">replay of #{entry.parent_id}</span>'
         )
-    return f'<td><a href="{detail.format(entry.pk)}">{entry.pk}</a>{badge}</td>'
+    return f'<td data-label="#"><a href="{detail.format(entry.pk)}">{entry.pk}</a>{badge}</td>'
 
 
 def _status_cell(entry: Any, warn: bool) -> str:
@@ -61,14 +61,17 @@ def _status_cell(entry: Any, warn: bool) -> str:
         label += (
             f' <span class="badge badge-warning" title="payload purged at {at}">evicts soon</span>'
         )
-    return f"<td>{label}</td>"
+    return f'<td data-label="Status">{label}</td>'
 
 
 def _type_cell(entry: Any, channel_param: str) -> str:
     if not entry.message_type:
-        return "<td>—</td>"
+        return '<td data-label="Type">—</td>'
     href = f"?{channel_param}type={escape(urlencode(entry.message_type))}"
-    return f'<td><a href="{href}"><code>{clipped(entry.message_type, 60)}</code></a></td>'
+    return (
+        f'<td data-label="Type"><a href="{href}"><code>{clipped(entry.message_type, 60)}</code></a>'
+        "</td>"
+    )
 
 
 def _error_cell(entry: Any) -> str:
@@ -78,18 +81,22 @@ def _error_cell(entry: Any) -> str:
         cell += f" · <code>{clipped(entry.error_class, 80)}</code>"
     if entry.error_message:
         cell += f'<div class="sub dlq-clip">{clipped(entry.error_message, 140)}</div>'
-    return f"<td>{cell}</td>"
+    return f'<td data-label="Reason / error">{cell}</td>'
 
 
 def _key_cell(entry: Any) -> str:
     if entry.missing_idempotency_key:
-        return '<td><span class="badge badge-error">missing</span></td>'
-    return f"<td><code>{clipped(entry.idempotency_key, 40)}</code></td>"
+        return (
+            '<td data-label="Idempotency key"><span class="badge badge-error">missing</span></td>'
+        )
+    return (
+        f'<td data-label="Idempotency key"><code>{clipped(entry.idempotency_key, 40)}</code></td>'
+    )
 
 
 def _row(entry: Any, warn: bool, detail: str, channel_param: str, can_bulk: bool) -> str:
     select = (
-        f'<td><input type="checkbox" name="id" value="{entry.pk}" form="bulk"'
+        f'<td class="select"><input type="checkbox" name="id" value="{entry.pk}" form="bulk"'
         f' aria-label="Select entry {entry.pk}"></td>'
         if can_bulk
         else ""
@@ -101,14 +108,14 @@ def _row(entry: Any, warn: bool, detail: str, channel_param: str, can_bulk: bool
         "\n    <tr>\n"
         f"      {select}\n"
         f"      {_id_cell(entry, detail)}\n"
-        f"      <td>{escape(entry.channel.slug)}</td>\n"
-        f'      <td><span class="badge {kind}">{source}</span></td>\n'
+        f'      <td data-label="Channel">{escape(entry.channel.slug)}</td>\n'
+        f'      <td data-label="Source"><span class="badge {kind}">{source}</span></td>\n'
         f"      {_status_cell(entry, warn)}\n"
         f"      {_type_cell(entry, channel_param)}\n"
         f"      {_error_cell(entry)}\n"
         f"      {_key_cell(entry)}\n"
-        f"      <td>{when(dead_lettered, 'seconds')}</td>\n"
-        f'      <td class="num">{escape(filesizeformat(entry.size))}</td>\n'
+        f'      <td data-label="Dead-lettered">{when(dead_lettered, "seconds")}</td>\n'
+        f'      <td class="num" data-label="Size">{escape(filesizeformat(entry.size))}</td>\n'
         "    </tr>\n  "
     )
 

@@ -17,6 +17,8 @@ from dlq.entries_html import clipped
 from dlq.render import visible
 
 ARROWS = {"up": "▲", "down": "▼"}
+#: The trend in words beside its arrow: "350 ▲ up from 0" reads without a legend.
+TREND_WORDS = {"up": "up from", "down": "down from"}
 
 
 class Group(NamedTuple):
@@ -87,9 +89,10 @@ def _row(row: dict[str, Any], urls: _Urls) -> str:
         "\n    <tr>\n"
         f'      <td><a href="{channel_url}">{slug}</a></td>\n'
         f"{_group_cells(group, entries)}"
-        f'      <td class="num"><span class="trend trend-{escape(trend)}" title="previous 24 h:'
-        f' {row["previous"]}">{row["recent"]} {ARROWS.get(trend, "=")} {row["previous"]}'
-        "</span></td>\n"
+        f'      <td class="num"><span class="trend trend-{escape(trend)}">{row["recent"]}'
+        f' <span aria-hidden="true">{ARROWS.get(trend, "=")}</span></span>'
+        f' <span class="sub">{TREND_WORDS.get(trend, "same as")} {row["previous"]}'
+        " the day before</span></td>\n"
         f"      <td>{when(group.first_seen)}</td>\n"
         f"      <td>{when(group.last_seen)}</td>\n"
         f"      <td>{sample}</td>\n"

@@ -59,6 +59,21 @@ class ItemStatus(models.TextChoices):
 HOLDING_ITEMS = (ItemStatus.PENDING, ItemStatus.SENDING)
 
 
+#: The entry-list filters as a plan's selection names them (``dlq.filters.EntryFilter``).
+SELECTION_LABELS = {
+    "channel": "channel",
+    "source": "source",
+    "status": "status",
+    "group": "failure group",
+    "reason": "reason",
+    "since": "dead-lettered from",
+    "until": "dead-lettered until",
+    "key": "idempotency key",
+    "type": "message type",
+    "q": "search",
+}
+
+
 class ReplayPlan(models.Model):
     """One frozen bulk action (replay or discard) over an exact set of entries of one channel."""
 
@@ -144,6 +159,24 @@ class ReplayPlan(models.Model):
     @property
     def pending(self) -> int:
         return max(self.total - self.resolved, 0)
+
+    @property
+    def selection_summary(self) -> str:
+        """How the entries were chosen, in words ("failure group #7", not "group group=7")."""
+        selection = self.selection if isinstance(self.selection, dict) else {}
+        mode = selection.get("mode")
+        ids = selection.get("ids") or []
+        if mode == "one" and ids:
+            return f"one entry (#{ids[0]})"
+        if mode == "selection":
+            return f"{self.total:,} entries picked one by one"
+        parts = []
+        for name, value in (selection.get("filter") or {}).items():
+            label = SELECTION_LABELS.get(name, name)
+            parts.append(f"{label} #{value}" if name == "group" else f"{label} {value}")
+        if mode == "group" and parts:
+            return f"the entries of {parts[0]}"
+        return "entries where " + ", ".join(parts) if parts else "every entry"
 
     @property
     def is_freezing(self) -> bool:

@@ -10,8 +10,10 @@ from typing import Any
 
 from django.conf import settings
 from django.contrib import messages
+from django.contrib.auth.decorators import login_not_required
 from django.http import Http404, HttpResponse
 from django.shortcuts import redirect, render
+from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from audit.actions import Actor
@@ -26,11 +28,14 @@ from dlq.actions import (
     do_pause_plan,
     do_resume_plan,
 )
+from dlq.approvals import awaiting_approval_by, can_approve
 from dlq.models import ItemStatus, PlanKind, PlanStatus, ReplayItem
 from dlq.preview import DEFAULT_VELOCITY, MAX_VELOCITY, Selection, build_preview
 from dlq.replay_models import RUNNABLE
 
 PLANS_SHOWN = 100
+# htmx stops polling an element that receives this status (an expired session, say).
+STOP_POLLING = 286
 # Not "reason": that is a filter parameter of the selection (the failure reason).
 REASON_FIELD = "action_reason"
 ITEMS_SHOWN = 50
@@ -120,6 +125,18 @@ def plan_list(request: HtmxHttpRequest) -> HttpResponse:
         "statuses": PlanStatus.choices,
     }
     return render(request, "dlq/replay_list.html", context)
+
+
+@require_GET
+@never_cache
+@login_not_required
+def approvals_badge(request: HtmxHttpRequest) -> HttpResponse:
+    """The top bar's "N plans await your approval", polled every 10 s by htmx. Anonymous or
+    not an approver: stop polling."""
+    if not can_approve(request.user):
+        return HttpResponse(status=STOP_POLLING)
+    context = {"allowed": True, "awaiting": awaiting_approval_by(request.user).count()}
+    return render(request, "dlq/_approvals_badge.html", context)
 
 
 def _plan_context(request: HtmxHttpRequest, plan: Any) -> dict[str, Any]:

@@ -13,6 +13,7 @@ urlpatterns = [
     path("<int:pk>/raw/", views.entry_download, name="entry_download"),
     path("replay/", replay_views.bulk_action, {"kind": "replay"}, name="replay"),
     path("discard/", replay_views.bulk_action, {"kind": "discard"}, name="discard"),
+    path("replays/awaiting/", replay_views.approvals_badge, name="approvals_badge"),
     path("replays/", replay_views.plan_list, name="plan_list"),
     path("replays/<int:pk>/", replay_views.plan_detail, name="plan_detail"),
     path("replays/<int:pk>/<slug:action>/", replay_views.plan_action, name="plan_action"),

@@ -186,6 +186,9 @@ def _detail_context(request: HtmxHttpRequest, entry: DeadLetter, revealed: bool)
         "timeline": body_render.timeline(entry.death_history or []),
         "history": history,
         "redacted": redact,
+        # The headers' badge only when a header was actually masked, not for every channel
+        # with rules (a body rule alone masks no header).
+        "headers_redacted": redact and headers != entry.headers,
         "revealed": revealed,
         "can_reveal": can_reveal(request.user) and redaction.has_rules(channel),
         "can_download": entry.body is not None

@@ -23,9 +23,13 @@ own mechanisms. Per delivery:
 How each broker settles a decision:
 
 - RabbitMQ: retry = publish to the delay queue with a per-message ``expiration``; when it
-  expires the delay queue dead-letters it back to the work queue. Dead letter = publish to
-  the work queue's dead-letter exchange (which routes to the DLQ); poison = publish to the
-  poison queue. Every publish is confirmed (publisher confirms + ``mandatory``), then acked.
+  expires the delay queue dead-letters it back to the work queue. Dead letter = as real
+  consumers do, ``basic.reject`` with ``requeue=false``, so the broker dead-letters it through
+  the work queue's DLX to the DLQ and records ``x-death``. A rejection cannot add headers, so
+  the reason travels first: the copy with the reason headers and a marker is published back to
+  the work queue (confirmed, then the original acked), and the marked copy is rejected when it
+  arrives. Poison = publish to the poison queue. Every publish is confirmed (publisher
+  confirms + ``mandatory``), then acked.
   The quorum work queue's ``x-delivery-limit`` is the broker-side safety net of the budget.
 - Redis Streams: retry = leave the entry pending in the group; the pending list is the durable
   retry schedule and its idle time the backoff clock (``XPENDING … IDLE``, then ``XCLAIM``).
@@ -442,8 +446,14 @@ class RabbitMQConsumerLink(ConsumerLink):
         self.dead_letter_exchange = dead_letter_exchange
         self.poison_queue = poison_queue
         self._buffer: collections.deque[Delivery] = collections.deque()
+        self.rejected = 0  # dead letters handed to the broker's dead-lettering
         self._consumer_tag = self.channel.basic_consume(queue, self._on_message)
 
+    #: Marks the copy carrying a dead letter's reason headers, to be rejected on arrival. Its
+    #: value is the replay id the copy was made under ("-" for none): a replay of the dead
+    #: letter carries a new ``x-dlq-replay-id``, so it is processed, not rejected again.
+    DEAD_LETTER_MARK = "x-demo-dead-letter"
+    REPLAY_HEADER = "x-dlq-replay-id"
     #: Broker-owned bookkeeping. A message back from the delay queue carries an ``x-death``
     #: entry with reason ``expired``: that is the backoff, not a death, so it is dropped and
     #: the retry count travels in ``x-retry-count`` instead.
@@ -455,6 +465,12 @@ class RabbitMQConsumerLink(ConsumerLink):
             for k, v in _text_headers(props.headers).items()
             if not k.lower().startswith(self.BROKER_HEADERS)
         }
+        mark = headers.get(self.DEAD_LETTER_MARK)
+        if mark is not None and mark == headers.get(self.REPLAY_HEADER, "-"):
+            # The reason is on it: reject it, and the broker dead-letters it with x-death.
+            self.channel.basic_reject(method.delivery_tag, requeue=False)
+            self.rejected += 1
+            return
         retries = headers.get("x-retry-count", "0")
         attempt = (int(retries) if retries.isdigit() else 0) + 1
         self._buffer.append(
@@ -499,12 +515,9 @@ class RabbitMQConsumerLink(ConsumerLink):
                 expiration=str(max(1, round(decision.delay_s * 1000))),
             )
         elif decision.route == Route.DEAD_LETTER:
-            self._publish(
-                self.dead_letter_exchange,
-                self.queue,
-                delivery,
-                headers=decision.headers,
-            )
+            mark = delivery.headers.get(self.REPLAY_HEADER, "-")
+            headers = {**decision.headers, self.DEAD_LETTER_MARK: mark}
+            self._publish("", self.queue, delivery, headers=headers)
         elif decision.route == Route.POISON:
             self._publish("", self.poison_queue, delivery, headers=decision.headers)
         self.channel.basic_ack(method.delivery_tag)

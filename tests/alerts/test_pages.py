@@ -214,3 +214,39 @@ def test_alert_text_shows_the_value_at_firing_and_now(viewer: object) -> None:
     for url in ("/alerts/", f"/alerts/{alert.pk}/"):
         html = client.get(url).content.decode()
         assert "backlog 166 ≥ 150" in html and "at firing 166 · now 352" in html, url
+
+
+def test_inflow_poison_and_age_alerts_show_their_value_now(viewer: object) -> None:
+    """Issue 26.2: every firing alert's value now, not only at firing (inflow and poison rows
+    too): new letters in the rule's window, poison on the broker plus stored."""
+    from tests.dlq.conftest import letter, store
+
+    channel = make_channel(poison_address="orders.poison")
+    now = timezone.now()
+    set_health(channel, now, poison_depth=2, poison_unresolved=1)
+    store(channel, *[letter() for _ in range(3)])
+    store(channel, letter(b"\xff"), source="poison")
+    common = {"broker": channel.broker, "channel": channel, "state": "firing",
+              "started_at": now, "fired_at": now, "last_evaluated_at": now}  # fmt: skip
+    for rule, fired in (("dlq-inflow", 1), ("poison-inflow", 1), ("poison-depth", 1)):
+        Alert.objects.create(rule=rule, key=f"{rule}:c{channel.pk}", severity="critical",
+                             summary=rule, value=fired, fired_value=fired, **common)  # fmt: skip
+    html = client_for(viewer).get("/alerts/").content.decode()  # type: ignore[arg-type]
+    assert html.count("at firing 1 · now 3") == 2  # 3 new dead letters; poison 2 + 1 stored
+    assert "at firing 1 · now 1" in html  # 1 new poison message
+
+
+def test_an_oldest_dead_letter_alert_shows_its_age_now(viewer: object) -> None:
+    from tests.dlq.conftest import letter, store
+
+    channel = make_channel()
+    now = timezone.now()
+    set_health(channel, now, dlq_depth=0)
+    store(channel, letter(dead_lettered_at=now.timestamp() - 2 * 3600))
+    Alert.objects.create(
+        rule="dlq-age", key=f"dlq-age:c{channel.pk}", broker=channel.broker, channel=channel,
+        state="firing", severity="warning", summary="oldest dead letter 1 h old", value=3600,
+        fired_value=3600, started_at=now, fired_at=now, last_evaluated_at=now,
+    )  # fmt: skip
+    html = client_for(viewer).get("/alerts/").content.decode()  # type: ignore[arg-type]
+    assert "at firing 60 min · now 2.0 h" in html

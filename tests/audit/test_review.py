@@ -359,3 +359,45 @@ def test_hiding_system_events_walks_the_people_index() -> None:
         plan = page[:51].explain()
     if connection.vendor == "postgresql":
         assert "audit_person_seq" in plan
+
+
+def test_a_verification_behind_the_head_is_not_shown_as_current(compliance: User) -> None:
+    """Issue 26.4: an old result says when it ran and against which head, and that it is out
+    of date; a current one is OK."""
+    for _ in range(3):
+        event()
+    client = client_for(compliance)
+    client.get(URL)  # signed in (an audited sign-in) before the verification
+    do_verify_chain(Actor.system("test"))
+    page = client.get(URL).content.decode()
+    assert "badge-ok" in page and "Out of date" not in page  # its own record does not count
+    for _ in range(4):
+        event()
+    page = client.get(URL).content.decode()
+    # Four new events and the verification's own record.
+    assert "Out of date" in page and "the 5 newer events are not verified yet" in page
+    assert 'id="chain-result"><span class="badge badge-ok"' not in page
+
+
+def test_verify_now_returns_to_the_page_with_its_filters(
+    compliance: User, django_capture_on_commit_callbacks: Any
+) -> None:
+    with django_capture_on_commit_callbacks(execute=False):
+        response = client_for(compliance).post(
+            "/audit/verify/", {"filters": "plan=2&actor=otto&system=hide&evil=1&before=9"}
+        )
+    assert response.status_code == 302
+    assert response["Location"] == f"{URL}?actor=otto&plan=2&system=hide"
+
+
+def test_the_page_offers_the_plan_filter_and_says_what_each_export_proves(
+    compliance: User,
+) -> None:
+    event(target_type="dlq.replayplan", target_id=2)
+    page = client_for(compliance).get(URL + "?plan=2").content.decode()
+    assert 'name="plan" value="2"' in page and "export.csv?plan=2" in page
+    assert "not that none is missing" in page and "Proof export" in page
+    # No checkpoint yet: the proof export says why instead of failing.
+    assert "Needs a signed checkpoint" in page
+    response = client_for(compliance).get("/audit/export.proof.jsonl?plan=2")
+    assert response.status_code == 409 and b"signed checkpoint" in response.content

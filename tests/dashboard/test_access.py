@@ -196,3 +196,11 @@ def test_dotless_i_gets_no_fresh_throttle_counter() -> None:
         Client().post("/login/", {"username": dotless, "password": "wrong"})
     response = Client().post("/login/", {"username": "SEC_COMPLIANCE", "password": PASSWORD})
     assert "Too many failed sign-in attempts" in response.content.decode()
+
+
+def test_firstrun_names_the_port_and_make_demo_as_the_next_step(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    call_command("firstrun", "--port", "8001")
+    out = capsys.readouterr().out
+    assert "http://127.0.0.1:8001/login/" in out and "make demo" in out

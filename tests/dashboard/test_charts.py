@@ -96,3 +96,42 @@ def test_sparkline_is_the_svg_format_html_built(series: list[Any]) -> None:
             140, 32, 140, 32, text, text, mark_safe("".join(parts)),
         )  # fmt: skip
     assert str(sparkline(series, 0.0, 3600.0)) == str(expected)
+
+
+@pytest.mark.parametrize(
+    ("top", "ticks"),
+    [(0.0, [0, 1]), (7.0, [0, 2, 4, 6, 8]), (336.0, [0, 100, 200, 300, 400]),
+     (1.0, [0, 0.5, 1.0]), (12_500.0, [0, 5000, 10000, 15000])],
+)  # fmt: skip
+def test_y_axis_ticks_are_round_and_reach_the_top(top: float, ticks: list[float]) -> None:
+    from channels_registry.charts import nice_ticks
+
+    assert nice_ticks(top) == pytest.approx(ticks)
+    assert nice_ticks(2.0, integer=True) == [0, 1, 2]  # counts: no half consumers
+
+
+def test_a_chosen_range_is_clamped_and_bad_input_is_said_not_raised(viewer: Any) -> None:
+    from channels_registry.charts import MAX_WINDOW_S, parse_window
+
+    now = dt.datetime(2026, 1, 2, 12, 0, tzinfo=dt.UTC)
+    t = now.timestamp()
+    assert parse_window({}, now) == (None, "")
+    assert parse_window({"from": str(int(t - 600)), "to": str(int(t - 60))}, now) == (
+        (t - 600, t - 60),
+        "",
+    )
+    assert parse_window({"from": "2026-01-02T11:00"}, now) == ((t - 3600, t), "")
+    assert parse_window({"from": "0", "to": str(int(t + 999))}, now)[0] == (t - MAX_WINDOW_S, t)
+    for bad in ({"from": "yesterday"}, {"from": "9" * 400}, {"from": str(int(t))},
+                {"from": "9999-12-31T23:00-05:00"}):  # fmt: skip
+        window, why = parse_window(bad, now)
+        assert window is None and why
+    channel = make_channel()
+    ChannelSample.objects.create(channel=channel, taken_at=timezone.now(), backlog=5)
+    client = client_for(viewer)
+    page = client.get(channel.get_absolute_url() + "?from=nonsense").content.decode()
+    assert "That range is not a time" in page
+    start = int((timezone.now() - dt.timedelta(minutes=30)).timestamp())
+    page = client.get(channel.get_absolute_url() + f"?from={start}").content.decode()
+    assert page.count(f'data-start="{start}"') == 4  # every chart draws the chosen range
+    assert "Backlog as a table" in page and '<tr data-t="' in page

@@ -284,8 +284,71 @@ def test_demo_runs_traffic_through_every_path_on_the_reachable_brokers(
             if kind != BrokerKind.NATS:  # NATS dead letters are the original messages
                 assert entries.filter(error_class="CustomerNotFound").exists()
                 reasons = set(entries.values_list("reason", flat=True))
-                assert reasons <= {"poison", "permanent-failure", "retry-budget-exhausted"}
+                if kind == BrokerKind.RABBITMQ:
+                    # Rejected like a real consumer's: the broker's x-death names the reason
+                    # (the consumer's own is in the headers) and the history is there.
+                    assert reasons <= {"poison", "rejected"}, reasons
+                    dead = entries.filter(source=Source.DLQ)
+                    assert not dead.filter(death_history=[]).exists()
+                else:
+                    assert reasons <= {"poison", "permanent-failure", "retry-budget-exhausted"}
     finally:
         for item in found:
             if item.reachable:
                 topology.teardown_topology(item, topology.names_for(prefix, item.kind), 2.0)
+
+
+def test_demo_rabbitmq_consumer_dead_letters_by_rejecting_so_the_broker_records_x_death() -> None:
+    """Issue 26.8: the demo's dead letters reach the DLQ the way a real consumer's do (reject,
+    requeue=false, through the work queue's DLX), with x-death and the reason headers."""
+    import pika
+
+    from dashboard.demo.consumers import RabbitMQConsumerLink
+
+    url = "amqp://guest:guest@127.0.0.1:5672/%2F"
+    try:
+        pika.BlockingConnection(pika.URLParameters(url + "?socket_timeout=3")).close()
+    except Exception as exc:  # any connection failure means the broker is not there
+        broker_required("RabbitMQ", exc)
+    names = topology.names_for(f"t{uuid.uuid4().hex[:8]}", BrokerKind.RABBITMQ)
+    topology._rabbitmq_create(url, names, 5.0)
+    try:
+        link = RabbitMQConsumerLink(
+            url, queue=names.address, retry_queue=names.retry, dead_letter_exchange=names.dlx,
+            poison_queue=names.poison, prefetch=10, timeout=5.0,
+        )  # fmt: skip
+        try:
+            link.channel.basic_publish(
+                "", names.address, order(customer={"id": "cust-unknown-9"}).body,
+                pika.BasicProperties(headers={KEY_HEADER: "k-9"}, delivery_mode=2),
+            )  # fmt: skip
+            deliveries: list[Delivery] = []
+            for _ in range(50):
+                deliveries = link.receive(1, 0.1)
+                if deliveries:
+                    break
+            (delivery,) = deliveries
+            decision = consumer().handle(delivery)
+            assert decision.route == Route.DEAD_LETTER
+            link.settle(delivery, decision)
+            for _ in range(50):  # the marked copy arrives and is rejected, not processed
+                assert link.receive(1, 0.1) == []
+                if link.rejected:
+                    break
+            assert link.rejected == 1
+            got = None
+            for _ in range(50):
+                got = link.channel.basic_get(names.dlq, auto_ack=True)
+                if got[0] is not None:
+                    break
+                link.connection.sleep(0.1)
+            assert got is not None and got[0] is not None, "nothing reached the DLQ"
+            headers = got[1].headers
+            (death,) = headers["x-death"]
+            assert death["reason"] == "rejected" and death["queue"] == names.address
+            assert headers["x-error-class"] == "CustomerNotFound"
+            assert headers["reason"] == "permanent-failure"
+        finally:
+            link.close()
+    finally:
+        topology._rabbitmq_delete(url, names, 5.0)

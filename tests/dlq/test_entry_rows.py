@@ -23,16 +23,16 @@ HOSTILE = "<script>alert('x')</script>&\"\u202e\x07 e\u0301\u0301\u0301"
 #: The row loop as ``templates/dlq/entry_list.html`` had it before the rows moved to Python.
 TEMPLATE_ROWS = """{% load dlq_text %}{% load dlo_time %}  {% for e, warn in rows %}
     <tr>
-      {% if can_bulk %}<td><input type="checkbox" name="id" value="{{ e.pk }}" form="bulk" aria-label="Select entry {{ e.pk }}"></td>{% endif %}
-      <td><a href="{% url 'dlq:entry_detail' e.pk %}">{{ e.pk }}</a>{% if e.is_repeat_offender %} <span class="badge badge-error" title="replayed {{ e.generation }} times, back every time">repeat offender</span>{% elif e.parent_id %} <span class="badge" title="a replay of #{{ e.parent_id }} that dead-lettered again">replay of #{{ e.parent_id }}</span>{% endif %}</td>
-      <td>{{ e.channel.slug }}</td>
-      <td><span class="badge {% if e.source == 'poison' %}badge-error{% else %}badge-warning{% endif %}">{{ e.get_source_display }}</span></td>
-      <td>{{ e.get_status_display }}{% if e.purged_at %} <span class="badge">purged</span>{% elif warn %} <span class="badge badge-warning" title="payload purged at {{ e.eviction_at|date:'Y-m-d H:i' }}">evicts soon</span>{% endif %}</td>
-      <td>{% if e.message_type %}<a href="?{% if f.channel %}channel={{ f.channel|urlencode }}&amp;{% endif %}type={{ e.message_type|urlencode }}"><code>{{ e.message_type|visible|truncatechars:60 }}</code></a>{% else %}—{% endif %}</td>
-      <td>{{ e.reason|visible|default:"—" }}{% if e.error_class %} · <code>{{ e.error_class|visible|truncatechars:80 }}</code>{% endif %}{% if e.error_message %}<div class="sub dlq-clip">{{ e.error_message|visible|truncatechars:140 }}</div>{% endif %}</td>
-      <td>{% if e.missing_idempotency_key %}<span class="badge badge-error">missing</span>{% else %}<code>{{ e.idempotency_key|visible|truncatechars:40 }}</code>{% endif %}</td>
-      <td>{{ e.dead_lettered_at|when:"seconds" }}</td>
-      <td class="num">{{ e.size|filesizeformat }}</td>
+      {% if can_bulk %}<td class="select"><input type="checkbox" name="id" value="{{ e.pk }}" form="bulk" aria-label="Select entry {{ e.pk }}"></td>{% endif %}
+      <td data-label="#"><a href="{% url 'dlq:entry_detail' e.pk %}">{{ e.pk }}</a>{% if e.is_repeat_offender %} <span class="badge badge-error" title="replayed {{ e.generation }} times, back every time">repeat offender</span>{% elif e.parent_id %} <span class="badge" title="a replay of #{{ e.parent_id }} that dead-lettered again">replay of #{{ e.parent_id }}</span>{% endif %}</td>
+      <td data-label="Channel">{{ e.channel.slug }}</td>
+      <td data-label="Source"><span class="badge {% if e.source == 'poison' %}badge-error{% else %}badge-warning{% endif %}">{{ e.get_source_display }}</span></td>
+      <td data-label="Status">{{ e.get_status_display }}{% if e.purged_at %} <span class="badge">purged</span>{% elif warn %} <span class="badge badge-warning" title="payload purged at {{ e.eviction_at|date:'Y-m-d H:i' }}">evicts soon</span>{% endif %}</td>
+      <td data-label="Type">{% if e.message_type %}<a href="?{% if f.channel %}channel={{ f.channel|urlencode }}&amp;{% endif %}type={{ e.message_type|urlencode }}"><code>{{ e.message_type|visible|truncatechars:60 }}</code></a>{% else %}—{% endif %}</td>
+      <td data-label="Reason / error">{{ e.reason|visible|default:"—" }}{% if e.error_class %} · <code>{{ e.error_class|visible|truncatechars:80 }}</code>{% endif %}{% if e.error_message %}<div class="sub dlq-clip">{{ e.error_message|visible|truncatechars:140 }}</div>{% endif %}</td>
+      <td data-label="Idempotency key">{% if e.missing_idempotency_key %}<span class="badge badge-error">missing</span>{% else %}<code>{{ e.idempotency_key|visible|truncatechars:40 }}</code>{% endif %}</td>
+      <td data-label="Dead-lettered">{{ e.dead_lettered_at|when:"seconds" }}</td>
+      <td class="num" data-label="Size">{{ e.size|filesizeformat }}</td>
     </tr>
   {% endfor %}
 """  # noqa: E501
@@ -77,4 +77,5 @@ def test_list_page_shows_the_rows_escaped(oncall: User) -> None:
     assert "<script>" not in html.split("<tbody>", 1)[1]
     assert "&lt;script&gt;alert(&#x27;x&#x27;)&lt;/script&gt;&amp;&quot;⟨U+202E⟩" in html
     assert f'name="id" value="{entries[0].pk}" form="bulk"' in html
-    assert html.count('<tr>\n      <td><input type="checkbox" name="id"') == len(entries)
+    row_start = '<tr>\n      <td class="select"><input type="checkbox" name="id"'
+    assert html.count(row_start) == len(entries)

@@ -103,3 +103,27 @@ def _actor(user: User) -> Any:
     from audit.actions import Actor
 
     return Actor.for_user(user)
+
+
+def test_plans_awaiting_approval_are_counted_for_approvers_but_never_their_requester(
+    oncall: User, viewer: User
+) -> None:
+    """Issue 26.1: the top bar's count (and its 10 s poll) reaches the people who can approve;
+    four-eyes keeps a requester's own plans out of their count; a viewer is never asked."""
+    from dlq.replay_models import ReplayPlan
+
+    other = make_user("olive", "oncall")
+    channel = make_channel()
+    ReplayPlan.objects.create(
+        channel=channel, status=PlanStatus.AWAITING_APPROVAL, reason="r", total=5,
+        requested_by=oncall, requested_by_username=oncall.get_username(), needs_approval=True,
+    )  # fmt: skip
+    ReplayPlan.objects.create(channel=channel, status=PlanStatus.DONE, reason="r", total=1)
+    badge = client_for(other).get("/dead-letters/replays/awaiting/", HTTP_HX_REQUEST="true")
+    assert badge.status_code == 200
+    assert "1</span> plan awaits your approval" in badge.content.decode()
+    assert "1</span> plan awaits your approval" in client_for(other).get("/").content.decode()
+    own = client_for(oncall).get("/dead-letters/replays/awaiting/").content.decode()
+    assert "0</span> plans await your approval" in own and "hidden" in own
+    assert client_for(viewer).get("/dead-letters/replays/awaiting/").status_code == 286
+    assert "approvals-badge" not in client_for(viewer).get("/").content.decode()

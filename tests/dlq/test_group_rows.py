@@ -29,7 +29,7 @@ TEMPLATE_ROWS = """{% load dlo_time dlq_text %}  {% for r in rows %}
       <td>{% if r.group.message_type %}<code>{{ r.group.message_type|visible }}</code> · {% endif %}{{ r.group.reason|default:"—"|visible }}</td>
       <td><a href="{% url 'dlq:entry_list' %}?group={{ r.group.pk }}"><code>{{ r.group.error_class|default:"(no error class)"|visible }}</code></a>{% if r.group.normalized_error %}<div class="sub dlq-clip">{{ r.group.normalized_error|visible|truncatechars:160 }}</div>{% endif %}</td>
       <td class="num"><a href="{% url 'dlq:entry_list' %}?group={{ r.group.pk }}" aria-label="{{ r.group.open_count }} open of {{ r.group.count }}"><strong>{{ r.group.open_count }}</strong></a> / <a href="{% url 'dlq:entry_list' %}?group={{ r.group.pk }}">{{ r.group.count }}</a></td>
-      <td class="num"><span class="trend trend-{{ r.trend }}" title="previous 24 h: {{ r.previous }}">{{ r.recent }} {% if r.trend == "up" %}▲{% elif r.trend == "down" %}▼{% else %}={% endif %} {{ r.previous }}</span></td>
+      <td class="num"><span class="trend trend-{{ r.trend }}">{{ r.recent }} <span aria-hidden="true">{% if r.trend == "up" %}▲{% elif r.trend == "down" %}▼{% else %}={% endif %}</span></span> <span class="sub">{% if r.trend == "up" %}up from{% elif r.trend == "down" %}down from{% else %}same as{% endif %} {{ r.previous }} the day before</span></td>
       <td>{{ r.group.first_seen|when }}</td>
       <td>{{ r.group.last_seen|when }}</td>
       <td>{% if r.group.sample_id %}<a href="{% url 'dlq:entry_detail' r.group.sample_id %}">#{{ r.group.sample_id }}</a>{% if r.sample %}<div class="sub dlq-clip">{{ r.sample }}</div>{% endif %}{% endif %}</td>

@@ -140,8 +140,15 @@ def test_groups_page_shows_the_stored_trend_of_each_group(
         n_previous = entries.filter(
             dead_lettered_at__gte=previous, dead_lettered_at__lt=recent
         ).count()
-        arrow = "▲" if n_recent > n_previous else ("▼" if n_recent < n_previous else "=")
-        assert f"{n_recent} {arrow} {n_previous}</span>" in html
+        arrow, words = (
+            ("▲", "up from")
+            if n_recent > n_previous
+            else (("▼", "down from") if n_recent < n_previous else ("=", "same as"))
+        )
+        assert (
+            f'{n_recent} <span aria-hidden="true">{arrow}</span></span>'
+            f' <span class="sub">{words} {n_previous} the day before</span>'
+        ) in html
         shown.append((n_recent, n_previous))
     assert sorted(shown) == [(4, 1), (5, 2)]
 

@@ -18,21 +18,27 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--username", default="admin")
+        parser.add_argument(
+            "--port", type=int, default=8000, help="The port `make run` serves on (PORT)."
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         self.audit_key()
+        url = f"http://127.0.0.1:{options['port']}/login/"
         user_model = get_user_model()
         if user_model.objects.exists():
-            self.stdout.write("Users exist already: sign in at http://127.0.0.1:8000/login/")
+            self.stdout.write(f"Users exist already: sign in at {url}")
             return
         password = secrets.token_urlsafe(12)
         user = do_create_first_admin(options["username"], password, actor=Actor.system("firstrun"))
         bar = "=" * 64
         self.stdout.write(
             f"{bar}\n First run: created the admin user.\n"
-            f"   URL:      http://127.0.0.1:8000/login/\n"
+            f"   URL:      {url}\n"
             f"   Username: {user.get_username()}\n"
-            f"   Password: {password}   (shown once: change it in the admin)\n{bar}"
+            f"   Password: {password}   (shown once: change it in the admin)\n"
+            f" Next: run `make demo` in a second terminal for demo channels and traffic\n"
+            f"   on the RabbitMQ, Redis and NATS it finds on loopback.\n{bar}"
         )
 
     def audit_key(self) -> None:
