@@ -1,8 +1,9 @@
 """Live board benchmark (hand-run, not a test): ``.venv/bin/python -m bench.live``.
 
-What it measures: the time from a poll's commit to the moment each of 200 authenticated
-websocket clients of ``/ws/board/`` has received the updated rows of 1,000 channels, and the
-resident memory of the server process.
+What it measures: the time from a poll's commit to the moment each of ``BENCH_CLIENTS``
+authenticated websocket clients of ``/ws/board/`` has received the updated rows of
+``BENCH_CHANNELS`` channels (``BENCH_CHANGED`` of them changing per poll), the bytes each client
+received per cycle, and the resident memory of the server process.
 
 1. A fresh PostgreSQL database (``bench_live_<run>``), migrated; a viewer user and one Django
    session per client (``SessionStore``, the cookie a browser would hold); one broker and
@@ -12,18 +13,25 @@ resident memory of the server process.
    pushes from this process to it.
 3. Clients: a minimal RFC 6455 client on asyncio streams (the venv has no ``websockets`` or
    ``aiohttp``; adding one only for a benchmark is not worth a locked dependency). Each
-   client logs in by its session cookie, sends an allowed Origin, answers pings, and records
-   the receipt time and the poll cycle of every message.
+   client logs in by its session cookie, sends an allowed Origin, answers pings, acknowledges
+   every message as the page does (``static/dlo/board.js``: the server keeps at most a window of
+   unacknowledged frames in flight per client), and records the receipt time and the poll cycle
+   of every row. Messages that are not rows (JSON notices: "sampled", "reload", "stopped")
+   are counted by kind.
 4. The poller: the real ``do_poll_broker`` (samples, health, one transaction, push after
    commit through ``dashboard.live.push_board_rows``) with the adapter replaced by a synthetic
    one, so no broker is involved and every cycle changes ``BENCH_CHANGED`` rows (in-flight =
-   the cycle number, which the clients read back from the row HTML). The commit time is the
-   moment ``push_board_rows`` is called (Django calls it right after the commit).
+   the cycle number, which the clients read back from the row HTML as today's page renders
+   it: the cell ``data-label="In flight">N</td>``). The commit time is the moment
+   ``push_board_rows`` is called (Django calls it right after the commit).
 5. Latency per row = receipt - commit of that row's cycle; p50/p95/max over all rows of all
-   clients, and how many of the expected rows arrived. RSS: ``VmRSS`` of the server process.
+   clients, and how many of the expected rows arrived (a row superseded before a slow client
+   read it arrives once, at its latest cycle: counted as "superseded", not received). RSS:
+   ``VmRSS`` of the server process, sampled every 0.5 s. The server log is scanned for
+   tracebacks and errors.
 
-Environment: ``BENCH_CLIENTS`` (200), ``BENCH_CHANNELS`` (1,000), ``BENCH_CHANGED`` (all),
-``BENCH_CYCLES`` (8), ``BENCH_INTERVAL_S`` (3).
+Environment: ``BENCH_CLIENTS`` (200), ``BENCH_CHANNELS`` (1,000), ``BENCH_CHANGED`` (all; e.g.
+100 for 1 % of 10,000), ``BENCH_CYCLES`` (8), ``BENCH_INTERVAL_S`` (3).
 
 Note: with redis-py 8 (its socket timeout now defaults to 5 s) channels_redis' blocking
 receive times out on a socket idle for 5 s and the server closes the websocket with 1011; a
@@ -62,7 +70,10 @@ RUN = uuid.uuid4().hex[:8]
 DB = f"bench_live_{RUN}"
 HOST = "127.0.0.1"
 
-_MOVING = re.compile(rb'<td class="n">[\d,]+</td>\s*<td class="n">([1-9]\d{0,2})</td>')
+#: The in-flight cell of a row as ``dashboard.board_html`` renders it: the moving rows show the
+#: cycle number there (every other row shows 0).
+IN_FLIGHT = b'data-label="In flight">%d</td>'
+_MOVING = re.compile(rb'data-label="In flight">([1-9]\d{0,3})</td>')
 
 
 def _pg(dbname: str = "postgres") -> Any:
@@ -152,8 +163,10 @@ class SyntheticAdapter:
                 retained=77_777 if not address.group else 2000,
                 consumers=2,
                 active_consumers=2,
-                produced=100 * self.cycle[0],
-                acked=100 * self.cycle[0],
+                # Rates only on the moving rows: a rate on every row would move every row's
+                # lag estimate (backlog / ack rate) with the poll's timing.
+                produced=100 * self.cycle[0] if moving else 0,
+                acked=100 * self.cycle[0] if moving else 0,
             )
         return PollResult(stats, round_trips=1, duration_s=0.001)
 
@@ -205,6 +218,7 @@ class WsClient:
         self.received: list[tuple[float, int, int]] = []  # (time, cycle, rows)
         self.messages = 0
         self.bytes = 0
+        self.notices: dict[str, int] = {}
         self.error = ""
 
     async def connect(self) -> None:
@@ -277,16 +291,19 @@ class WsClient:
                     return
                 self.messages += 1
                 self.bytes += len(data)
-                # The moving rows show in-flight = their cycle (a cell no other value can
-                # match: every other number on a row is ≥ 1,000 or not a plain integer). One
-                # message holds at most a few cycles: find one, count it and its neighbours
-                # (a client that fell behind gets several coalesced).
+                self._send(0x1, b"ack")  # as the page does after each message
+                if data[:1] == b"{":
+                    kind = data[2:20].split(b'"', 1)[0].decode("ascii", "replace")
+                    self.notices[kind] = self.notices.get(kind, 0) + 1
+                    continue
+                # Count the rows of each cycle present (a message holds one cycle, or a few
+                # when a client fell behind and rows were coalesced).
                 match = _MOVING.search(data)
                 if match is None:
                     continue
                 found = int(match.group(1))
-                for cycle in range(max(1, found - 2), found + 3):
-                    rows = data.count(b'<td class="n">%d</td>' % cycle)
+                for cycle in range(max(1, found - 3), found + 4):
+                    rows = data.count(IN_FLIGHT % cycle)
                     if rows:
                         self.received.append((now, cycle, rows))
         except (OSError, asyncio.IncompleteReadError) as exc:
@@ -347,9 +364,9 @@ async def run_clients(
     commits: dict[int, float] = {}
     real_push = live.push_board_rows
 
-    def timed_push(ids: Any) -> int:
-        commits[cycle[0]] = time.time()  # called by on_commit: right after the commit
-        return real_push(ids)
+    def timed_push(*args: Any, **kwargs: Any) -> int:
+        commits.setdefault(cycle[0], time.time())  # called by on_commit: right after the commit
+        return real_push(*args, **kwargs)
 
     live.push_board_rows = timed_push  # type: ignore[assignment]
     polling.get_adapter = lambda *a, **k: SyntheticAdapter(cycle)  # type: ignore[assignment]
@@ -372,7 +389,8 @@ async def run_clients(
         f"{len(connected)}/{len(clients)} clients connected in {time.monotonic() - started:.1f} s;"
         f" server RSS {rss_mib(server.pid):.0f} MiB (idle {rss_idle:.0f} MiB)"
     )
-    until = time.monotonic() + CYCLES * INTERVAL_S + 15
+    # The clients listen until the poller is done and 10 s more (bounded: 120 s per cycle).
+    until = time.monotonic() + CYCLES * 120
     listeners = [asyncio.ensure_future(c.listen(until)) for c in connected]
     done = threading.Event()
     rss_samples: list[float] = []
@@ -381,7 +399,9 @@ async def run_clients(
     while not done.is_set() and time.monotonic() < until:
         rss_samples.append(rss_mib(server.pid))
         await asyncio.sleep(0.5)
-    await asyncio.sleep(min(10.0, max(0.0, until - time.monotonic())))  # stragglers
+    for _ in range(20):  # stragglers
+        rss_samples.append(rss_mib(server.pid))
+        await asyncio.sleep(0.5)
     for task in listeners:
         task.cancel()
     await asyncio.gather(*listeners, return_exceptions=True)
@@ -392,16 +412,27 @@ async def run_clients(
     latencies: list[tuple[float, int]] = []
     rows_received = 0
     unmatched = 0
+    superseded = 0
+    notices: dict[str, int] = {}
+    last = max(commits, default=0)
     for client in connected:
+        seen: dict[int, int] = {}
         for t, n, rows in client.received:
             if n in commits:
                 latencies.append((t - commits[n], rows))
                 rows_received += rows
+                seen[n] = seen.get(n, 0) + rows
             else:
                 unmatched += rows
+        # Rows a slow client never saw at cycle n because cycle n+1 replaced them (coalesced):
+        # what arrived later covers them; the last cycle has nothing after it.
+        superseded += sum(max(0, CHANGED - seen.get(n, 0)) for n in commits if n < last)
+        for kind, count in client.notices.items():
+            notices[kind] = notices.get(kind, 0) + count
     expected = len(connected) * CHANGED * len(commits)
     errors = [c.error for c in clients if c.error]
-    mib = sum(c.bytes for c in connected) / 2**20
+    total_bytes = sum(c.bytes for c in connected)
+    per_client_cycle = total_bytes / max(1, len(connected)) / max(1, len(commits))
     print(
         f"clients={len(connected)} channels={CHANNELS} changed/cycle={CHANGED}"
         f" cycles={len(commits)} interval={INTERVAL_S:g}s"
@@ -409,8 +440,13 @@ async def run_clients(
     print(
         f"rows received {rows_received:,} of {expected:,} expected"
         f" ({100 * rows_received / max(1, expected):.1f} %), unmatched {unmatched},"
-        f" {sum(c.messages for c in connected):,} messages, {mib:,.0f} MiB"
+        f" {sum(c.messages for c in connected):,} messages, {total_bytes / 2**20:,.0f} MiB;"
+        f" {per_client_cycle / 1024:,.1f} KiB per client per cycle"
     )
+    if superseded and 0 < rows_received < expected:
+        print(f"  of the missing: at most {superseded:,} superseded by a later cycle (coalesced)")
+    if notices:
+        print(f"notices: {notices}")
     if latencies:
         p50, p95 = percentile(latencies, 0.5), percentile(latencies, 0.95)
         worst = max(v for v, _ in latencies)
@@ -423,8 +459,25 @@ async def run_clients(
         print(f"client errors: {len(errors)}, e.g. {errors[0]}")
 
 
+def scan_log(path: str) -> None:
+    """Tracebacks and error lines in the server's log, counted (the first one shown)."""
+    with open(path, encoding="utf-8", errors="replace") as fh:
+        lines = fh.read().splitlines()
+    bad = [
+        line
+        for line in lines
+        if "Traceback" in line or "ERROR" in line or "exception" in line.lower()
+    ]
+    print(f"server log: {len(lines)} lines, {len(bad)} with an error or traceback")
+    for line in bad[:3]:
+        print(f"  {line[:200]}")
+
+
 def main() -> None:
-    print(f"bench.live: {CLIENTS} clients, {CHANNELS} channels, {CYCLES} cycles (db {DB})")
+    print(
+        f"bench.live: {CLIENTS} clients, {CHANNELS} channels, {CHANGED} changing, {CYCLES} cycles"
+        f" (db {DB}); load {os.getloadavg()}"
+    )
     setup_django()
     server = None
     log = tempfile.NamedTemporaryFile(  # noqa: SIM115 (closed in the finally below)
@@ -450,7 +503,8 @@ def main() -> None:
                 server.wait(5)
         log.close()
         drop_database()
-        print(f"server log: {log.name}")
+        scan_log(log.name)
+        print(f"server log: {log.name}; load: {os.getloadavg()}")
 
 
 if __name__ == "__main__":

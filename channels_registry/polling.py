@@ -407,12 +407,14 @@ def _store(
     _write_rows(samples, rollups, rows)  # 2.
     _copy_board_summaries(channels, rows)  # 3.
     _record_state(broker, state, token, now, result, topology is not None, error, failures)  # 4.
-    # 5. Live updates.
-    if changed:
+    # 5. Live updates: the changed rows, and the sample time of every row of a broker that
+    # answered (the page shows its age from it; the rows are not pushed again for it).
+    if changed or result is not None:
         from dashboard.live import push_board_rows
 
         ids = list(changed)
-        transaction.on_commit(lambda: push_board_rows(ids), robust=True)
+        sampled = (broker.pk, broker.name, now) if result is not None else None
+        transaction.on_commit(lambda: push_board_rows(ids, sampled), robust=True)
     return PollOutcome(
         broker.name,
         "ok" if result is not None else "failed",
