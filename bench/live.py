@@ -301,11 +301,15 @@ class WsClient:
                 match = _MOVING.search(data)
                 if match is None:
                     continue
-                found = int(match.group(1))
-                for cycle in range(max(1, found - 3), found + 4):
+                # Rows go oldest version first: the first match is the oldest cycle present.
+                total = data.count(b"<tr ")
+                cycle = int(match.group(1))
+                while total > 0 and cycle <= CYCLES:
                     rows = data.count(IN_FLIGHT % cycle)
                     if rows:
                         self.received.append((now, cycle, rows))
+                    total -= rows
+                    cycle += 1
         except (OSError, asyncio.IncompleteReadError) as exc:
             self.error = f"{type(exc).__name__}: {exc}"
 
@@ -354,9 +358,56 @@ def percentile(values: list[tuple[float, int]], q: float) -> float:
     return float("nan")
 
 
-async def run_clients(
+async def _clients(port: int, keys: list[str], ready: Any, stop: Any, out: Any) -> None:
+    """The client side, in a process of its own (see ``client_process``)."""
+    clients = [WsClient(port, key) for key in keys]
+    gate = asyncio.Semaphore(50)
+
+    async def connect(client: WsClient) -> None:
+        async with gate:
+            try:
+                await client.connect()
+            except Exception as exc:
+                client.error = f"connect: {exc}"
+
+    started = time.monotonic()
+    await asyncio.gather(*(connect(c) for c in clients))
+    connected = [c for c in clients if not c.error]
+    out.put(("connected", len(connected), time.monotonic() - started))
+    ready.set()
+    until = time.monotonic() + CYCLES * 120  # bounded, whatever the poller does
+    listeners = [asyncio.ensure_future(c.listen(until)) for c in connected]
+    while not stop.is_set() and time.monotonic() < until:
+        await asyncio.sleep(0.2)
+    for task in listeners:
+        task.cancel()
+    await asyncio.gather(*listeners, return_exceptions=True)
+    await asyncio.gather(*(c.close() for c in connected))
+    out.put(
+        [(c.received, c.messages, c.bytes, c.notices, c.error, c in connected) for c in clients]
+    )
+
+
+def client_process(port: int, keys: list[str], ready: Any, stop: Any, out: Any) -> None:
+    """The clients run in their own process, so that reading a gigabyte per cycle does not
+    hold the poller's GIL (nor the poller theirs): commit and receipt times are wall clock."""
+    asyncio.run(_clients(port, keys, ready, stop, out))
+
+
+class Received:
+    """What one client process reported about one client."""
+
+    def __init__(self, report: tuple[Any, ...]) -> None:
+        self.received, self.messages, self.bytes, self.notices, self.error, self.ok = report
+
+
+def run_clients(
     port: int, keys: list[str], server: subprocess.Popen[bytes], broker_id: int
 ) -> None:
+    import multiprocessing
+
+    from django.db import connections
+
     from channels_registry import polling
     from dashboard import live
 
@@ -372,47 +423,39 @@ async def run_clients(
     polling.get_adapter = lambda *a, **k: SyntheticAdapter(cycle)  # type: ignore[assignment]
 
     rss_idle = rss_mib(server.pid)
-    clients = [WsClient(port, key) for key in keys]
-    gate = asyncio.Semaphore(50)
-
-    async def connect(client: WsClient) -> None:
-        async with gate:
-            try:
-                await client.connect()
-            except Exception as exc:
-                client.error = f"connect: {exc}"
-
-    started = time.monotonic()
-    await asyncio.gather(*(connect(c) for c in clients))
-    connected = [c for c in clients if not c.error]
+    connections.close_all()  # not shared with the forked client process
+    context = multiprocessing.get_context("fork")
+    ready, stop, out = context.Event(), context.Event(), context.Queue()
+    process = context.Process(target=client_process, args=(port, keys, ready, stop, out))
+    process.start()
+    _, connected_n, took = out.get(timeout=600)
     print(
-        f"{len(connected)}/{len(clients)} clients connected in {time.monotonic() - started:.1f} s;"
+        f"{connected_n}/{len(keys)} clients connected in {took:.1f} s;"
         f" server RSS {rss_mib(server.pid):.0f} MiB (idle {rss_idle:.0f} MiB)"
     )
-    # The clients listen until the poller is done and 10 s more (bounded: 120 s per cycle).
-    until = time.monotonic() + CYCLES * 120
-    listeners = [asyncio.ensure_future(c.listen(until)) for c in connected]
     done = threading.Event()
     rss_samples: list[float] = []
     thread = threading.Thread(target=poller, args=(broker_id, cycle, done), daemon=True)
     thread.start()
+    until = time.monotonic() + CYCLES * 120
     while not done.is_set() and time.monotonic() < until:
         rss_samples.append(rss_mib(server.pid))
-        await asyncio.sleep(0.5)
+        time.sleep(0.5)
     for _ in range(20):  # stragglers
         rss_samples.append(rss_mib(server.pid))
-        await asyncio.sleep(0.5)
-    for task in listeners:
-        task.cancel()
-    await asyncio.gather(*listeners, return_exceptions=True)
-    rss_samples.append(rss_mib(server.pid))
-    await asyncio.gather(*(c.close() for c in connected))
+        time.sleep(0.5)
+    stop.set()
+    reports = [Received(r) for r in out.get(timeout=300)]
+    process.join(30)
     thread.join(5)
+    clients = reports
+    connected = [c for c in reports if c.ok]
 
     latencies: list[tuple[float, int]] = []
     rows_received = 0
     unmatched = 0
     superseded = 0
+    complete = 0
     notices: dict[str, int] = {}
     last = max(commits, default=0)
     for client in connected:
@@ -427,6 +470,7 @@ async def run_clients(
         # Rows a slow client never saw at cycle n because cycle n+1 replaced them (coalesced):
         # what arrived later covers them; the last cycle has nothing after it.
         superseded += sum(max(0, CHANGED - seen.get(n, 0)) for n in commits if n < last)
+        complete += seen.get(last, 0) >= CHANGED
         for kind, count in client.notices.items():
             notices[kind] = notices.get(kind, 0) + count
     expected = len(connected) * CHANGED * len(commits)
@@ -443,6 +487,7 @@ async def run_clients(
         f" {sum(c.messages for c in connected):,} messages, {total_bytes / 2**20:,.0f} MiB;"
         f" {per_client_cycle / 1024:,.1f} KiB per client per cycle"
     )
+    print(f"clients holding every row's last version: {complete} of {len(connected)}")
     if superseded and 0 < rows_received < expected:
         print(f"  of the missing: at most {superseded:,} superseded by a later cycle (coalesced)")
     if notices:
@@ -492,7 +537,7 @@ def main() -> None:
         do_poll_broker(broker_id, force=True)  # first health rows, before anyone listens
         port = free_port()
         server = start_server(port, log)
-        asyncio.run(run_clients(port, keys, server, broker_id))
+        run_clients(port, keys, server, broker_id)
     finally:
         if server is not None:
             server.terminate()

@@ -28,6 +28,7 @@ import asyncio
 import collections
 import json
 import logging
+import weakref
 from collections.abc import Iterable
 from typing import Any
 from urllib.parse import parse_qs
@@ -40,8 +41,12 @@ from dashboard.live import BOARD_GROUP, FRAME_BYTES
 log = logging.getLogger(__name__)
 
 VIEW_PERMISSION = "channels_registry.view_channel"
-#: Unacknowledged bytes in flight per client: two full frames.
-WINDOW_BYTES = 2 * FRAME_BYTES
+#: Unacknowledged bytes in flight per client: one full frame (or several smaller ones), so
+#: 1,000 clients that stopped reading hold at most 256 MiB in the server between them.
+WINDOW_BYTES = FRAME_BYTES
+#: Group membership calls in flight per process: a thousand pages closing together must not
+#: exhaust the Redis connection pool (redis-py's default is 100 connections).
+LAYER_CALLS = 32
 #: Row versions the mirror keeps (one per row: the channels on the board, plus brokers).
 MIRROR_MAX_ROWS = 50_000
 #: Frames built for one (cursor, filters) are shared by the clients at that cursor.
@@ -195,6 +200,18 @@ class _FailureLog:
 
 
 FAILURES = _FailureLog()
+_gates: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _layer_gate() -> asyncio.Semaphore:
+    """The process's bound on group membership calls (one semaphore per event loop)."""
+    loop = asyncio.get_running_loop()
+    gate = _gates.get(loop)
+    if gate is None:
+        gate = _gates[loop] = asyncio.Semaphore(LAYER_CALLS)
+    return gate
 
 
 class BoardConsumer(AsyncWebsocketConsumer):
@@ -213,12 +230,18 @@ class BoardConsumer(AsyncWebsocketConsumer):
         self.cursor = self.mirror.seq
         self.in_flight: collections.deque[int] = collections.deque()
         self.stopped = False
-        await self.channel_layer.group_add(BOARD_GROUP, self.channel_name)
+        async with _layer_gate():
+            await self.channel_layer.group_add(BOARD_GROUP, self.channel_name)
         await self.accept()
 
     async def disconnect(self, code: int) -> None:
-        if hasattr(self, "cursor"):
-            await self.channel_layer.group_discard(BOARD_GROUP, self.channel_name)
+        if not hasattr(self, "cursor"):
+            return
+        try:
+            async with _layer_gate():
+                await self.channel_layer.group_discard(BOARD_GROUP, self.channel_name)
+        except Exception:  # the layer expires a member it could not drop (group_expiry)
+            log.warning("live board: leaving the group failed", exc_info=True)
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
         """The page says only ``ack``, once per message it has handled: the window reopens."""
