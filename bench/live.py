@@ -277,14 +277,11 @@ class WsClient:
             if fin:
                 return opcode, b"".join(parts)
 
-    async def listen(self, until: float) -> None:
+    async def listen(self) -> None:
+        """Until cancelled (no ``wait_for`` here: on Python 3.11 it can swallow the cancel)."""
         try:
-            while time.monotonic() < until:
-                remaining = until - time.monotonic()
-                try:
-                    opcode, data = await asyncio.wait_for(self._message(), remaining)
-                except TimeoutError:
-                    return
+            while True:
+                opcode, data = await self._message()
                 now = time.time()
                 if opcode == 0x8:
                     self.error = f"closed by server: {data[:2].hex()}"
@@ -376,13 +373,13 @@ async def _clients(port: int, keys: list[str], ready: Any, stop: Any, out: Any) 
     out.put(("connected", len(connected), time.monotonic() - started))
     ready.set()
     until = time.monotonic() + CYCLES * 120  # bounded, whatever the poller does
-    listeners = [asyncio.ensure_future(c.listen(until)) for c in connected]
+    listeners = [asyncio.ensure_future(c.listen()) for c in connected]
     while not stop.is_set() and time.monotonic() < until:
         await asyncio.sleep(0.2)
     for task in listeners:
         task.cancel()
-    await asyncio.gather(*listeners, return_exceptions=True)
-    await asyncio.gather(*(c.close() for c in connected))
+    await asyncio.wait(listeners, timeout=30)
+    await asyncio.wait([asyncio.ensure_future(c.close()) for c in connected], timeout=30)
     out.put(
         [(c.received, c.messages, c.bytes, c.notices, c.error, c in connected) for c in clients]
     )
