@@ -531,7 +531,10 @@ def main() -> None:
 
         broker_id, keys = make_data()
         polling.get_adapter = lambda *a, **k: SyntheticAdapter([0])  # type: ignore[assignment]
-        do_poll_broker(broker_id, force=True)  # first health rows, before anyone listens
+        # The first health rows, and a second poll that gives them rates, before anyone
+        # listens: cycle 1 then changes the moving rows only, as every later cycle does.
+        do_poll_broker(broker_id, force=True)
+        do_poll_broker(broker_id, force=True)
         port = free_port()
         server = start_server(port, log)
         run_clients(port, keys, server, broker_id)

@@ -50,7 +50,7 @@ LAYER_CALLS = 32
 #: Row versions the mirror keeps (one per row: the channels on the board, plus brokers).
 MIRROR_MAX_ROWS = 50_000
 #: Frames built for one (cursor, filters) are shared by the clients at that cursor.
-FRAME_MEMO_SIZE = 64
+FRAME_MEMO_SIZE = 256
 #: Failed sends within this many seconds are logged as one line.
 FAILURE_LOG_WINDOW_S = 1.0
 #: Close code after a failed send (4000-4999: the application's own).
@@ -80,6 +80,8 @@ class _Version:
 
 #: A mirror key: a row's channel id, or ("sampled", broker id) for a broker's last sample time.
 Key = int | tuple[str, int]
+#: A frame's text and the cursor after it.
+Frame = tuple[str, int]
 
 
 class BoardMirror:
@@ -92,7 +94,7 @@ class BoardMirror:
         #: Versions up to this number were evicted: a client whose cursor is below must reload.
         self.floor = 0
         self._batches: collections.OrderedDict[str, None] = collections.OrderedDict()
-        self._memo: collections.OrderedDict[tuple[Any, ...], tuple[list[str], int]] = (
+        self._memo: collections.OrderedDict[tuple[Any, ...], tuple[list[Frame], int]] = (
             collections.OrderedDict()
         )
 
@@ -117,15 +119,15 @@ class BoardMirror:
         self.rows[key] = _Version(self.seq, team, broker, payload)
         self.rows.move_to_end(key)
 
-    def frames(
-        self, cursor: int, team: str, broker: str, budget: int, idle: bool = True
-    ) -> tuple[list[str], int]:
-        """Frames of the versions after ``cursor`` the filters let through, oldest first, at
-        most ``budget`` bytes in all (an ``idle`` client, nothing in flight, gets at least one
-        version whatever its size); returns
-        them and the cursor after them. Rows are packed into frames of at most ``FRAME_BYTES``
-        (a row is ASCII: ``dashboard.live``); a broker's sample time is a notice of its own."""
-        key = (cursor, self.seq, team, broker, budget, idle)
+    def frames(self, cursor: int, team: str, broker: str) -> tuple[list[Frame], int]:
+        """Every frame due after ``cursor`` for a client with these filters, oldest first, and
+        the cursor after them all. Rows are packed into frames of at most ``FRAME_BYTES`` (a
+        row is ASCII, ``dashboard.live``, so its length is its size); a notice (a broker's
+        sample time) is a frame of its own. Each frame carries the cursor after it.
+
+        Clients at the same cursor share one build, and every frame boundary of a build is
+        remembered too: in-sync clients walk the same boundaries, one frame per ack."""
+        key = (cursor, self.seq, team, broker)
         memo = self._memo.get(key)
         if memo is not None:
             return memo
@@ -136,9 +138,9 @@ class BoardMirror:
                 break
             due.append(version)
         due.reverse()
-        frames: list[str] = []
+        frames: list[Frame] = []
         parts: list[str] = []
-        size = spent = 0
+        size = 0
         end = cursor
         for version in due:
             if not version.shown(team, broker):
@@ -146,24 +148,29 @@ class BoardMirror:
                 continue
             n = len(version.payload)
             if parts and (not version.is_row or size + n > FRAME_BYTES):
-                frames.append("".join(parts))  # the open frame is full, or a notice follows
-                spent, parts, size = spent + size, [], 0
-            if (frames or parts or not idle) and spent + size + n > budget:
-                break
+                frames.append(("".join(parts), end))  # full, or a notice follows
+                parts, size = [], 0
+            end = version.seq
             if version.is_row:
                 parts.append(version.payload)
                 size += n
             else:
-                frames.append(version.payload)
-                spent += n
-            end = version.seq
+                frames.append((version.payload, end))
         if parts:
-            frames.append("".join(parts))
+            frames.append(("".join(parts), end))
+        if frames:  # versions filtered out after the last frame are passed with it
+            frames[-1] = (frames[-1][0], end)
         result = (frames, end)
-        self._memo[key] = result
-        if len(self._memo) > FRAME_MEMO_SIZE:
-            self._memo.popitem(last=False)
+        self._remember(key, result)
+        for i, (_, after) in enumerate(frames[:-1]):
+            self._remember((after, self.seq, team, broker), (frames[i + 1 :], end))
         return result
+
+    def _remember(self, key: tuple[Any, ...], result: tuple[list[Frame], int]) -> None:
+        self._memo[key] = result
+        self._memo.move_to_end(key)
+        while len(self._memo) > FRAME_MEMO_SIZE:
+            self._memo.popitem(last=False)
 
 
 MIRROR = BoardMirror()
@@ -254,23 +261,26 @@ class BoardConsumer(AsyncWebsocketConsumer):
         await self.flush()
 
     async def flush(self) -> None:
-        """Send what is due, as far as the window allows (see the module, steps 2 and 3)."""
-        if self.stopped:
+        """Send what is due, as far as the window allows (see the module, steps 2 and 3):
+        always one frame to a client with nothing in flight, more while they fit."""
+        if self.stopped or self.cursor >= self.mirror.seq:
             return
-        budget = WINDOW_BYTES - sum(self.in_flight)
-        if budget <= 0 or self.cursor >= self.mirror.seq:
+        if self.in_flight and sum(self.in_flight) >= WINDOW_BYTES:
             return
         if self.cursor < self.mirror.floor:
             # Versions this client still needed were evicted: its rows come over HTTP.
             self.cursor = self.mirror.seq
             await self._send(notice("reload", reason="too far behind"))
             return
-        frames, self.cursor = self.mirror.frames(
-            self.cursor, self.filters["team"], self.filters["broker"], budget, not self.in_flight
-        )
-        for frame in frames:
-            if not await self._send(frame):
+        frames, end = self.mirror.frames(self.cursor, self.filters["team"], self.filters["broker"])
+        if not frames:
+            self.cursor = end  # nothing this client may see
+        for text, after in frames:
+            if self.in_flight and sum(self.in_flight) + len(text) > WINDOW_BYTES:
                 return
+            if not await self._send(text):
+                return
+            self.cursor = after
 
     async def _send(self, frame: str) -> bool:
         try:
