@@ -618,8 +618,16 @@ def _display_key(row: ChannelHealth) -> tuple[Any, ...]:
         row.dlq_unresolved,
         row.poison_unresolved,
         None if row.eta_s is None else round(row.eta_s / 10),
-        tuple(tuple(p) for p in row.spark or ()),
+        _spark_meaning(row.spark),
     )
+
+
+def _spark_meaning(spark: list[list[Any]] | None) -> tuple[Any, Any] | None:
+    """What the board's sparkline states (its label: the hour's maximum and the backlog now);
+    a point added each minute with the same values redraws it without changing that, and
+    must not push every row of the board once a minute (issue 29)."""
+    known = [p[1] for p in spark or () if p[1] is not None]
+    return (max(known), known[-1]) if known else None
 
 
 def _spark(spark: list[list[Any]], minute: dt.datetime, backlog: int | None) -> list[list[Any]]:

@@ -391,3 +391,16 @@ def test_a_row_is_not_pushed_for_the_clock_alone(monkeypatch: pytest.MonkeyPatch
     health.spark = [[minute - 120, 5], [minute - 60, 5], [minute, 9]]  # the values moved
     health.save()
     assert live.push_board_rows([channel.pk]) == 1
+
+
+def test_a_poll_marks_a_row_changed_by_its_values_not_by_the_minute() -> None:
+    """A new sparkline point each minute with the same backlog is not a change of the row (it
+    pushed every row of the board once a minute); a new value is."""
+    from channels_registry.models import ChannelHealth
+    from channels_registry.polling import _display_key
+
+    before = ChannelHealth(state="ok", backlog=5, spark=[[60, 5], [120, 5]])
+    later = ChannelHealth(state="ok", backlog=5, spark=[[60, 5], [120, 5], [180, 5]])
+    moved = ChannelHealth(state="ok", backlog=5, spark=[[60, 5], [120, 5], [180, 9]])
+    assert _display_key(later) == _display_key(before)
+    assert _display_key(moved) != _display_key(before)
