@@ -158,7 +158,10 @@ class SyntheticAdapter:
             moving = 0 <= index < CHANGED
             stats[address] = ChannelStats(
                 address=address,
-                backlog=1000 + index if address.group else None,
+                # The other rows are quiet (IDLE: nothing waiting, no traffic), so nothing
+                # in them moves; a waiting backlog with no acks would be STALLED, whose
+                # evidence names the window's span and so changes each poll until it is full.
+                backlog=(1000 + index if moving else 0) if address.group else None,
                 in_flight=self.cycle[0] if moving and address.group else 0,
                 retained=77_777 if not address.group else 2000,
                 consumers=2,
