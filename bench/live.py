@@ -31,7 +31,8 @@ received per cycle, and the resident memory of the server process.
    tracebacks and errors.
 
 Environment: ``BENCH_CLIENTS`` (200), ``BENCH_CHANNELS`` (1,000), ``BENCH_CHANGED`` (all; e.g.
-100 for 1 % of 10,000), ``BENCH_CYCLES`` (8), ``BENCH_INTERVAL_S`` (3).
+100 for 1 % of 10,000), ``BENCH_CYCLES`` (8), ``BENCH_INTERVAL_S`` (3), ``BENCH_GRACE_S`` (10:
+listening after the last poll).
 
 Note: with redis-py 8 (its socket timeout now defaults to 5 s) channels_redis' blocking
 receive times out on a socket idle for 5 s and the server closes the websocket with 1011; a
@@ -66,6 +67,8 @@ CYCLES = int(os.environ.get("BENCH_CYCLES", "8"))
 # Below 5 s on purpose: see the note on channels_redis and redis-py 8 in the module docstring.
 INTERVAL_S = float(os.environ.get("BENCH_INTERVAL_S", "3"))
 REDIS_URL = os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/5")
+#: How long the clients keep listening after the last poll (a server behind catches up).
+GRACE_S = float(os.environ.get("BENCH_GRACE_S", "10"))
 RUN = uuid.uuid4().hex[:8]
 DB = f"bench_live_{RUN}"
 HOST = "127.0.0.1"
@@ -441,7 +444,7 @@ def run_clients(
     while not done.is_set() and time.monotonic() < until:
         rss_samples.append(rss_mib(server.pid))
         time.sleep(0.5)
-    for _ in range(20):  # stragglers
+    for _ in range(int(GRACE_S * 2)):  # stragglers
         rss_samples.append(rss_mib(server.pid))
         time.sleep(0.5)
     stop.set()
