@@ -28,6 +28,7 @@ import asyncio
 import collections
 import json
 import logging
+import uuid
 import weakref
 from collections.abc import Iterable
 from typing import Any
@@ -257,7 +258,10 @@ class BoardConsumer(AsyncWebsocketConsumer):
             await self.flush()
 
     async def board_rows(self, event: dict[str, Any]) -> None:
-        self.mirror.apply(event["batch"], event["rows"], event.get("sampled"))
+        # A pusher of an older release names no batch: name it on the message, which the
+        # process's clients share (a copy each, at worst: the rows are then put twice).
+        batch = event.setdefault("batch", uuid.uuid4().hex)
+        self.mirror.apply(batch, event["rows"], event.get("sampled"))
         await self.flush()
 
     async def flush(self) -> None:
