@@ -404,3 +404,19 @@ def test_a_poll_marks_a_row_changed_by_its_values_not_by_the_minute() -> None:
     moved = ChannelHealth(state="ok", backlog=5, spark=[[60, 5], [120, 5], [180, 9]])
     assert _display_key(later) == _display_key(before)
     assert _display_key(moved) != _display_key(before)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_message_of_an_older_pusher_without_a_batch_id_still_arrives() -> None:
+    cookie = _cookie(make_user("vera", "viewer"))
+    layer = get_channel_layer()
+
+    async def scenario() -> None:
+        communicator = await _board(cookie)
+        message = _rows({1: _tr(1, 1)})
+        del message["batch"]
+        await layer.group_send(BOARD_GROUP, message)
+        assert await communicator.receive_from(timeout=3) == _tr(1, 1)
+        await communicator.disconnect()
+
+    run(scenario)
