@@ -1,8 +1,9 @@
 """Live board benchmark (hand-run, not a test): ``.venv/bin/python -m bench.live``.
 
-What it measures: the time from a poll's commit to the moment each of 200 authenticated
-websocket clients of ``/ws/board/`` has received the updated rows of 1,000 channels, and the
-resident memory of the server process.
+What it measures: the time from a poll's commit to the moment each of ``BENCH_CLIENTS``
+authenticated websocket clients of ``/ws/board/`` has received the updated rows of
+``BENCH_CHANNELS`` channels (``BENCH_CHANGED`` of them changing per poll), the bytes each client
+received per cycle, and the resident memory of the server process.
 
 1. A fresh PostgreSQL database (``bench_live_<run>``), migrated; a viewer user and one Django
    session per client (``SessionStore``, the cookie a browser would hold); one broker and
@@ -12,18 +13,26 @@ resident memory of the server process.
    pushes from this process to it.
 3. Clients: a minimal RFC 6455 client on asyncio streams (the venv has no ``websockets`` or
    ``aiohttp``; adding one only for a benchmark is not worth a locked dependency). Each
-   client logs in by its session cookie, sends an allowed Origin, answers pings, and records
-   the receipt time and the poll cycle of every message.
+   client logs in by its session cookie, sends an allowed Origin, answers pings, acknowledges
+   every message as the page does (``static/dlo/board.js``: the server keeps at most a window of
+   unacknowledged frames in flight per client), and records the receipt time and the poll cycle
+   of every row. Messages that are not rows (JSON notices: "sampled", "reload", "stopped")
+   are counted by kind.
 4. The poller: the real ``do_poll_broker`` (samples, health, one transaction, push after
    commit through ``dashboard.live.push_board_rows``) with the adapter replaced by a synthetic
    one, so no broker is involved and every cycle changes ``BENCH_CHANGED`` rows (in-flight =
-   the cycle number, which the clients read back from the row HTML). The commit time is the
-   moment ``push_board_rows`` is called (Django calls it right after the commit).
+   the cycle number, which the clients read back from the row HTML as today's page renders
+   it: the cell ``data-label="In flight">N</td>``). The commit time is the moment
+   ``push_board_rows`` is called (Django calls it right after the commit).
 5. Latency per row = receipt - commit of that row's cycle; p50/p95/max over all rows of all
-   clients, and how many of the expected rows arrived. RSS: ``VmRSS`` of the server process.
+   clients, and how many of the expected rows arrived (a row superseded before a slow client
+   read it arrives once, at its latest cycle: counted as "superseded", not received). RSS:
+   ``VmRSS`` of the server process, sampled every 0.5 s. The server log is scanned for
+   tracebacks and errors.
 
-Environment: ``BENCH_CLIENTS`` (200), ``BENCH_CHANNELS`` (1,000), ``BENCH_CHANGED`` (all),
-``BENCH_CYCLES`` (8), ``BENCH_INTERVAL_S`` (3).
+Environment: ``BENCH_CLIENTS`` (200), ``BENCH_CHANNELS`` (1,000), ``BENCH_CHANGED`` (all; e.g.
+100 for 1 % of 10,000), ``BENCH_CYCLES`` (8), ``BENCH_INTERVAL_S`` (3), ``BENCH_GRACE_S`` (10:
+listening after the last poll).
 
 Note: with redis-py 8 (its socket timeout now defaults to 5 s) channels_redis' blocking
 receive times out on a socket idle for 5 s and the server closes the websocket with 1011; a
@@ -58,11 +67,16 @@ CYCLES = int(os.environ.get("BENCH_CYCLES", "8"))
 # Below 5 s on purpose: see the note on channels_redis and redis-py 8 in the module docstring.
 INTERVAL_S = float(os.environ.get("BENCH_INTERVAL_S", "3"))
 REDIS_URL = os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/5")
+#: How long the clients keep listening after the last poll (a server behind catches up).
+GRACE_S = float(os.environ.get("BENCH_GRACE_S", "10"))
 RUN = uuid.uuid4().hex[:8]
 DB = f"bench_live_{RUN}"
 HOST = "127.0.0.1"
 
-_MOVING = re.compile(rb'<td class="n">[\d,]+</td>\s*<td class="n">([1-9]\d{0,2})</td>')
+#: The in-flight cell of a row as ``dashboard.board_html`` renders it: the moving rows show the
+#: cycle number there (every other row shows 0).
+IN_FLIGHT = b'data-label="In flight">%d</td>'
+_MOVING = re.compile(rb'data-label="In flight">([1-9]\d{0,3})</td>')
 
 
 def _pg(dbname: str = "postgres") -> Any:
@@ -147,13 +161,18 @@ class SyntheticAdapter:
             moving = 0 <= index < CHANGED
             stats[address] = ChannelStats(
                 address=address,
-                backlog=1000 + index if address.group else None,
+                # The other rows are quiet (IDLE: nothing waiting, no traffic), so nothing
+                # in them moves; a waiting backlog with no acks would be STALLED, whose
+                # evidence names the window's span and so changes each poll until it is full.
+                backlog=(1000 + index if moving else 0) if address.group else None,
                 in_flight=self.cycle[0] if moving and address.group else 0,
                 retained=77_777 if not address.group else 2000,
                 consumers=2,
                 active_consumers=2,
-                produced=100 * self.cycle[0],
-                acked=100 * self.cycle[0],
+                # Rates only on the moving rows: a rate on every row would move every row's
+                # lag estimate (backlog / ack rate) with the poll's timing.
+                produced=100 * self.cycle[0] if moving else 0,
+                acked=100 * self.cycle[0] if moving else 0,
             )
         return PollResult(stats, round_trips=1, duration_s=0.001)
 
@@ -205,6 +224,7 @@ class WsClient:
         self.received: list[tuple[float, int, int]] = []  # (time, cycle, rows)
         self.messages = 0
         self.bytes = 0
+        self.notices: dict[str, int] = {}
         self.error = ""
 
     async def connect(self) -> None:
@@ -263,32 +283,36 @@ class WsClient:
             if fin:
                 return opcode, b"".join(parts)
 
-    async def listen(self, until: float) -> None:
+    async def listen(self) -> None:
+        """Until cancelled (no ``wait_for`` here: on Python 3.11 it can swallow the cancel)."""
         try:
-            while time.monotonic() < until:
-                remaining = until - time.monotonic()
-                try:
-                    opcode, data = await asyncio.wait_for(self._message(), remaining)
-                except TimeoutError:
-                    return
+            while True:
+                opcode, data = await self._message()
                 now = time.time()
                 if opcode == 0x8:
                     self.error = f"closed by server: {data[:2].hex()}"
                     return
                 self.messages += 1
                 self.bytes += len(data)
-                # The moving rows show in-flight = their cycle (a cell no other value can
-                # match: every other number on a row is ≥ 1,000 or not a plain integer). One
-                # message holds at most a few cycles: find one, count it and its neighbours
-                # (a client that fell behind gets several coalesced).
+                self._send(0x1, b"ack")  # as the page does after each message
+                if data[:1] == b"{":
+                    kind = data[2:20].split(b'"', 1)[0].decode("ascii", "replace")
+                    self.notices[kind] = self.notices.get(kind, 0) + 1
+                    continue
+                # Count the rows of each cycle present (a message holds one cycle, or a few
+                # when a client fell behind and rows were coalesced).
                 match = _MOVING.search(data)
                 if match is None:
                     continue
-                found = int(match.group(1))
-                for cycle in range(max(1, found - 2), found + 3):
-                    rows = data.count(b'<td class="n">%d</td>' % cycle)
+                # Rows go oldest version first: the first match is the oldest cycle present.
+                total = data.count(b"<tr ")
+                cycle = int(match.group(1))
+                while total > 0 and cycle <= CYCLES:
+                    rows = data.count(IN_FLIGHT % cycle)
                     if rows:
                         self.received.append((now, cycle, rows))
+                    total -= rows
+                    cycle += 1
         except (OSError, asyncio.IncompleteReadError) as exc:
             self.error = f"{type(exc).__name__}: {exc}"
 
@@ -337,24 +361,8 @@ def percentile(values: list[tuple[float, int]], q: float) -> float:
     return float("nan")
 
 
-async def run_clients(
-    port: int, keys: list[str], server: subprocess.Popen[bytes], broker_id: int
-) -> None:
-    from channels_registry import polling
-    from dashboard import live
-
-    cycle = [0]
-    commits: dict[int, float] = {}
-    real_push = live.push_board_rows
-
-    def timed_push(ids: Any) -> int:
-        commits[cycle[0]] = time.time()  # called by on_commit: right after the commit
-        return real_push(ids)
-
-    live.push_board_rows = timed_push  # type: ignore[assignment]
-    polling.get_adapter = lambda *a, **k: SyntheticAdapter(cycle)  # type: ignore[assignment]
-
-    rss_idle = rss_mib(server.pid)
+async def _clients(port: int, keys: list[str], ready: Any, stop: Any, out: Any) -> None:
+    """The client side, in a process of its own (see ``client_process``)."""
     clients = [WsClient(port, key) for key in keys]
     gate = asyncio.Semaphore(50)
 
@@ -368,40 +376,110 @@ async def run_clients(
     started = time.monotonic()
     await asyncio.gather(*(connect(c) for c in clients))
     connected = [c for c in clients if not c.error]
+    out.put(("connected", len(connected), time.monotonic() - started))
+    ready.set()
+    until = time.monotonic() + CYCLES * 120  # bounded, whatever the poller does
+    listeners = [asyncio.ensure_future(c.listen()) for c in connected]
+    while not stop.is_set() and time.monotonic() < until:
+        await asyncio.sleep(0.2)
+    for task in listeners:
+        task.cancel()
+    await asyncio.wait(listeners, timeout=30)
+    await asyncio.wait([asyncio.ensure_future(c.close()) for c in connected], timeout=30)
+    out.put(
+        [(c.received, c.messages, c.bytes, c.notices, c.error, c in connected) for c in clients]
+    )
+
+
+def client_process(port: int, keys: list[str], ready: Any, stop: Any, out: Any) -> None:
+    """The clients run in their own process, so that reading a gigabyte per cycle does not
+    hold the poller's GIL (nor the poller theirs): commit and receipt times are wall clock."""
+    asyncio.run(_clients(port, keys, ready, stop, out))
+
+
+class Received:
+    """What one client process reported about one client."""
+
+    def __init__(self, report: tuple[Any, ...]) -> None:
+        self.received, self.messages, self.bytes, self.notices, self.error, self.ok = report
+
+
+def run_clients(
+    port: int, keys: list[str], server: subprocess.Popen[bytes], broker_id: int
+) -> None:
+    import multiprocessing
+
+    from django.db import connections
+
+    from channels_registry import polling
+    from dashboard import live
+
+    cycle = [0]
+    commits: dict[int, float] = {}
+    real_push = live.push_board_rows
+
+    def timed_push(*args: Any, **kwargs: Any) -> int:
+        commits.setdefault(cycle[0], time.time())  # called by on_commit: right after the commit
+        return real_push(*args, **kwargs)
+
+    live.push_board_rows = timed_push  # type: ignore[assignment]
+    polling.get_adapter = lambda *a, **k: SyntheticAdapter(cycle)  # type: ignore[assignment]
+
+    rss_idle = rss_mib(server.pid)
+    connections.close_all()  # not shared with the forked client process
+    context = multiprocessing.get_context("fork")
+    ready, stop, out = context.Event(), context.Event(), context.Queue()
+    process = context.Process(target=client_process, args=(port, keys, ready, stop, out))
+    process.start()
+    _, connected_n, took = out.get(timeout=600)
     print(
-        f"{len(connected)}/{len(clients)} clients connected in {time.monotonic() - started:.1f} s;"
+        f"{connected_n}/{len(keys)} clients connected in {took:.1f} s;"
         f" server RSS {rss_mib(server.pid):.0f} MiB (idle {rss_idle:.0f} MiB)"
     )
-    until = time.monotonic() + CYCLES * INTERVAL_S + 15
-    listeners = [asyncio.ensure_future(c.listen(until)) for c in connected]
     done = threading.Event()
     rss_samples: list[float] = []
     thread = threading.Thread(target=poller, args=(broker_id, cycle, done), daemon=True)
     thread.start()
+    until = time.monotonic() + CYCLES * 120
     while not done.is_set() and time.monotonic() < until:
         rss_samples.append(rss_mib(server.pid))
-        await asyncio.sleep(0.5)
-    await asyncio.sleep(min(10.0, max(0.0, until - time.monotonic())))  # stragglers
-    for task in listeners:
-        task.cancel()
-    await asyncio.gather(*listeners, return_exceptions=True)
-    rss_samples.append(rss_mib(server.pid))
-    await asyncio.gather(*(c.close() for c in connected))
+        time.sleep(0.5)
+    for _ in range(int(GRACE_S * 2)):  # stragglers
+        rss_samples.append(rss_mib(server.pid))
+        time.sleep(0.5)
+    stop.set()
+    reports = [Received(r) for r in out.get(timeout=300)]
+    process.join(30)
     thread.join(5)
+    clients = reports
+    connected = [c for c in reports if c.ok]
 
     latencies: list[tuple[float, int]] = []
     rows_received = 0
     unmatched = 0
+    superseded = 0
+    complete = 0
+    notices: dict[str, int] = {}
+    last = max(commits, default=0)
     for client in connected:
+        seen: dict[int, int] = {}
         for t, n, rows in client.received:
             if n in commits:
                 latencies.append((t - commits[n], rows))
                 rows_received += rows
+                seen[n] = seen.get(n, 0) + rows
             else:
                 unmatched += rows
+        # Rows a slow client never saw at cycle n because cycle n+1 replaced them (coalesced):
+        # what arrived later covers them; the last cycle has nothing after it.
+        superseded += sum(max(0, CHANGED - seen.get(n, 0)) for n in commits if n < last)
+        complete += seen.get(last, 0) >= CHANGED
+        for kind, count in client.notices.items():
+            notices[kind] = notices.get(kind, 0) + count
     expected = len(connected) * CHANGED * len(commits)
     errors = [c.error for c in clients if c.error]
-    mib = sum(c.bytes for c in connected) / 2**20
+    total_bytes = sum(c.bytes for c in connected)
+    per_client_cycle = total_bytes / max(1, len(connected)) / max(1, len(commits))
     print(
         f"clients={len(connected)} channels={CHANNELS} changed/cycle={CHANGED}"
         f" cycles={len(commits)} interval={INTERVAL_S:g}s"
@@ -409,8 +487,14 @@ async def run_clients(
     print(
         f"rows received {rows_received:,} of {expected:,} expected"
         f" ({100 * rows_received / max(1, expected):.1f} %), unmatched {unmatched},"
-        f" {sum(c.messages for c in connected):,} messages, {mib:,.0f} MiB"
+        f" {sum(c.messages for c in connected):,} messages, {total_bytes / 2**20:,.0f} MiB;"
+        f" {per_client_cycle / 1024:,.1f} KiB per client per cycle"
     )
+    print(f"clients holding every row's last version: {complete} of {len(connected)}")
+    if superseded and 0 < rows_received < expected:
+        print(f"  of the missing: at most {superseded:,} superseded by a later cycle (coalesced)")
+    if notices:
+        print(f"notices: {notices}")
     if latencies:
         p50, p95 = percentile(latencies, 0.5), percentile(latencies, 0.95)
         worst = max(v for v, _ in latencies)
@@ -423,8 +507,25 @@ async def run_clients(
         print(f"client errors: {len(errors)}, e.g. {errors[0]}")
 
 
+def scan_log(path: str) -> None:
+    """Tracebacks and error lines in the server's log, counted (the first one shown)."""
+    with open(path, encoding="utf-8", errors="replace") as fh:
+        lines = fh.read().splitlines()
+    bad = [
+        line
+        for line in lines
+        if "Traceback" in line or "ERROR" in line or "exception" in line.lower()
+    ]
+    print(f"server log: {len(lines)} lines, {len(bad)} with an error or traceback")
+    for line in bad[:3]:
+        print(f"  {line[:200]}")
+
+
 def main() -> None:
-    print(f"bench.live: {CLIENTS} clients, {CHANNELS} channels, {CYCLES} cycles (db {DB})")
+    print(
+        f"bench.live: {CLIENTS} clients, {CHANNELS} channels, {CHANGED} changing, {CYCLES} cycles"
+        f" (db {DB}); load {os.getloadavg()}"
+    )
     setup_django()
     server = None
     log = tempfile.NamedTemporaryFile(  # noqa: SIM115 (closed in the finally below)
@@ -436,10 +537,13 @@ def main() -> None:
 
         broker_id, keys = make_data()
         polling.get_adapter = lambda *a, **k: SyntheticAdapter([0])  # type: ignore[assignment]
-        do_poll_broker(broker_id, force=True)  # first health rows, before anyone listens
+        # The first health rows, and a second poll that gives them rates, before anyone
+        # listens: cycle 1 then changes the moving rows only, as every later cycle does.
+        do_poll_broker(broker_id, force=True)
+        do_poll_broker(broker_id, force=True)
         port = free_port()
         server = start_server(port, log)
-        asyncio.run(run_clients(port, keys, server, broker_id))
+        run_clients(port, keys, server, broker_id)
     finally:
         if server is not None:
             server.terminate()
@@ -450,7 +554,8 @@ def main() -> None:
                 server.wait(5)
         log.close()
         drop_database()
-        print(f"server log: {log.name}")
+        scan_log(log.name)
+        print(f"server log: {log.name}; load: {os.getloadavg()}")
 
 
 if __name__ == "__main__":

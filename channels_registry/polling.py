@@ -460,12 +460,14 @@ def _store(
     _write_rows(samples, rollups, rows)  # 2.
     _copy_board_summaries(channels, rows)  # 3.
     _record_state(broker, state, token, now, result, topology is not None, error, failures)  # 4.
-    # 5. Live updates.
-    if changed:
+    # 5. Live updates: the changed rows, and the sample time of every row of a broker that
+    # answered (the page shows its age from it; the rows are not pushed again for it).
+    if changed or result is not None:
         from dashboard.live import push_board_rows
 
         ids = list(changed)
-        transaction.on_commit(lambda: push_board_rows(ids), robust=True)
+        sampled = (broker.pk, broker.name, now) if result is not None else None
+        transaction.on_commit(lambda: push_board_rows(ids, sampled), robust=True)
     return PollOutcome(
         broker.name,
         "ok" if result is not None else "failed",
@@ -674,8 +676,16 @@ def _display_key(row: ChannelHealth) -> tuple[Any, ...]:
         row.dlq_unresolved,
         row.poison_unresolved,
         None if row.eta_s is None else round(row.eta_s / 10),
-        tuple(tuple(p) for p in row.spark or ()),
+        _spark_meaning(row.spark),
     )
+
+
+def _spark_meaning(spark: list[list[Any]] | None) -> tuple[Any, Any] | None:
+    """What the board's sparkline states (its label: the hour's maximum and the backlog now);
+    a point added each minute with the same values redraws it without changing that, and
+    must not push every row of the board once a minute (issue 29)."""
+    known = [p[1] for p in spark or () if p[1] is not None]
+    return (max(known), known[-1]) if known else None
 
 
 def _spark(spark: list[list[Any]], minute: dt.datetime, backlog: int | None) -> list[list[Any]]:

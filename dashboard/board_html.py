@@ -94,12 +94,16 @@ def _number_cells(row: BoardRow) -> str:
 
 
 def _sample_cell(row: BoardRow) -> str:
+    """The time of the last sample, as a clock time (still true on a page that never updates);
+    the page shows its age from ``datetime`` and moves it when the broker's next poll is pushed
+    (``data-broker``, ``static/dlo/board.js``), so the row need not be pushed for it."""
     if not row.last_sample_at:
         return '<td data-label="Last sample">never</td>'
-    at = timezone.localtime(row.last_sample_at).isoformat()
+    at = timezone.localtime(row.last_sample_at)
+    text = f"{at:%b} {at.day}, {at:%H:%M:%S} {at.tzname() or ''}".rstrip()
     return (
-        f'<td data-label="Last sample"><time datetime="{escape(at)}" data-age>'
-        f"{escape(_duration(row.last_sample_age_s))} ago</time></td>"
+        f'<td data-label="Last sample"><time datetime="{escape(at.isoformat())}" data-age'
+        f' data-broker="{int(row.channel.broker.pk)}">{escape(text)}</time></td>'
     )
 
 

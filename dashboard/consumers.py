@@ -2,27 +2,229 @@
 
 The ASGI stack checks the Origin (AllowedHostsOriginValidator) and loads the session user
 (AuthMiddlewareStack); this consumer checks the permission itself and refuses the handshake
-otherwise (4401 anonymous, 4403 without the viewer permission). Updates are coalesced: at most
-one message per ``FLUSH_INTERVAL_S`` per client, holding only the latest HTML of each row.
+otherwise (4401 anonymous, 4403 without the viewer permission).
+
+Delivery at incident scale (issue 29), when every row changes at once:
+
+1. Every pushed row goes into the process's ``BoardMirror``: the latest HTML of each row, in
+   push order, each version numbered. One mirror per server process, shared by its clients, so
+   a thousand clients cost one copy of the rows, not a thousand queues.
+2. A client holds only a cursor: the number of the last version it was sent. Flushing sends
+   the versions after it, in order, packed into frames of at most ``FRAME_BYTES``; a row
+   changed twice before a client read it is sent once, as it is now (coalesced per row).
+3. At most ``WINDOW_BYTES`` are in flight per client: the page acknowledges each message
+   (``ack``), and a client that falls behind (a phone, a slow link) gets nothing more until it
+   does, then the latest rows. The server's memory is the mirror plus a bounded window per
+   client, whatever the clients do.
+4. A send that fails is logged once for all the clients it hit (with their number); each is
+   told when possible (a ``stopped`` notice, then the socket closes) and the page says "live
+   updates stopped" and reloads its rows. A client whose cursor fell behind what the mirror
+   keeps gets a ``reload`` notice: the page reloads its rows over HTTP.
 """
 
 from __future__ import annotations
 
 import asyncio
-import time
+import collections
+import json
+import logging
+import uuid
+import weakref
+from collections.abc import Iterable
 from typing import Any
 from urllib.parse import parse_qs
 
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 
-from dashboard.live import BOARD_GROUP
+from dashboard.live import BOARD_GROUP, FRAME_BYTES
 
-FLUSH_INTERVAL_S = 1.0
+log = logging.getLogger(__name__)
+
 VIEW_PERMISSION = "channels_registry.view_channel"
+#: Unacknowledged bytes in flight per client: one full frame (or several smaller ones), so
+#: 1,000 clients that stopped reading hold at most 256 MiB in the server between them.
+WINDOW_BYTES = FRAME_BYTES
+#: Group membership calls in flight per process: a thousand pages closing together must not
+#: exhaust the Redis connection pool (redis-py's default is 100 connections).
+LAYER_CALLS = 32
+#: Row versions the mirror keeps (one per row: the channels on the board, plus brokers).
+MIRROR_MAX_ROWS = 50_000
+#: Frames built for one (cursor, filters) are shared by the clients at that cursor.
+FRAME_MEMO_SIZE = 256
+#: Failed sends within this many seconds are logged as one line.
+FAILURE_LOG_WINDOW_S = 1.0
+#: Close code after a failed send (4000-4999: the application's own).
+CLOSE_SEND_FAILED = 4500
+
+
+def notice(kind: str, **fields: Any) -> str:
+    """A message that is not rows: JSON (rows are HTML, starting with ``<`` or whitespace)."""
+    return json.dumps({kind: fields}, separators=(",", ":"))
+
+
+class _Version:
+    """One pushed version: a row's HTML, or a notice (JSON) that travels in a frame alone."""
+
+    __slots__ = ("broker", "is_row", "payload", "seq", "team")
+
+    def __init__(self, seq: int, team: str | None, broker: str, payload: str) -> None:
+        self.seq, self.team, self.broker, self.payload = seq, team, broker, payload
+        self.is_row = not payload.startswith("{")
+
+    def shown(self, team: str, broker: str) -> bool:
+        """Whether a client filtered to ``team``/``broker`` gets it (``team`` None: any)."""
+        if team and self.team is not None and self.team != team:
+            return False
+        return not (broker and self.broker != broker)
+
+
+#: A mirror key: a row's channel id, or ("sampled", broker id) for a broker's last sample time.
+Key = int | tuple[str, int]
+#: A frame's text and the cursor after it.
+Frame = tuple[str, int]
+
+
+class BoardMirror:
+    """The latest pushed version of each row in this process, oldest first (see the module)."""
+
+    def __init__(self, max_rows: int = MIRROR_MAX_ROWS) -> None:
+        self.max_rows = max_rows
+        self.rows: collections.OrderedDict[Key, _Version] = collections.OrderedDict()
+        self.seq = 0
+        #: Versions up to this number were evicted: a client whose cursor is below must reload.
+        self.floor = 0
+        self._batches: collections.OrderedDict[str, None] = collections.OrderedDict()
+        self._memo: collections.OrderedDict[tuple[Any, ...], tuple[list[Frame], int]] = (
+            collections.OrderedDict()
+        )
+
+    def apply(self, batch: str, rows: Iterable[dict[str, Any]], sampled: Any = None) -> None:
+        """Record a pushed batch once (every client of the process receives the same one)."""
+        if batch in self._batches:
+            return
+        self._batches[batch] = None
+        if len(self._batches) > 1024:
+            self._batches.popitem(last=False)
+        for row in rows:
+            self._put(int(row["id"]), row["team"], row["broker"], row["html"])
+        if sampled:
+            payload = notice("sampled", broker=sampled["broker_id"], at=sampled["at"])
+            self._put(("sampled", int(sampled["broker_id"])), None, sampled["broker"], payload)
+        while len(self.rows) > self.max_rows:
+            _, oldest = self.rows.popitem(last=False)
+            self.floor = oldest.seq
+
+    def _put(self, key: Key, team: str | None, broker: str, payload: str) -> None:
+        self.seq += 1
+        self.rows[key] = _Version(self.seq, team, broker, payload)
+        self.rows.move_to_end(key)
+
+    def frames(self, cursor: int, team: str, broker: str) -> tuple[list[Frame], int]:
+        """Every frame due after ``cursor`` for a client with these filters, oldest first, and
+        the cursor after them all. Rows are packed into frames of at most ``FRAME_BYTES`` (a
+        row is ASCII, ``dashboard.live``, so its length is its size); a notice (a broker's
+        sample time) is a frame of its own. Each frame carries the cursor after it.
+
+        Clients at the same cursor share one build, and every frame boundary of a build is
+        remembered too: in-sync clients walk the same boundaries, one frame per ack."""
+        key = (cursor, self.seq, team, broker)
+        memo = self._memo.get(key)
+        if memo is not None:
+            return memo
+        due: list[_Version] = []
+        for k in reversed(self.rows):
+            version = self.rows[k]
+            if version.seq <= cursor:
+                break
+            due.append(version)
+        due.reverse()
+        frames: list[Frame] = []
+        parts: list[str] = []
+        size = 0
+        end = cursor
+        for version in due:
+            if not version.shown(team, broker):
+                end = version.seq
+                continue
+            n = len(version.payload)
+            if parts and (not version.is_row or size + n > FRAME_BYTES):
+                frames.append(("".join(parts), end))  # full, or a notice follows
+                parts, size = [], 0
+            end = version.seq
+            if version.is_row:
+                parts.append(version.payload)
+                size += n
+            else:
+                frames.append((version.payload, end))
+        if parts:
+            frames.append(("".join(parts), end))
+        if frames:  # versions filtered out after the last frame are passed with it
+            frames[-1] = (frames[-1][0], end)
+        result = (frames, end)
+        self._remember(key, result)
+        for i, (_, after) in enumerate(frames[:-1]):
+            self._remember((after, self.seq, team, broker), (frames[i + 1 :], end))
+        return result
+
+    def _remember(self, key: tuple[Any, ...], result: tuple[list[Frame], int]) -> None:
+        self._memo[key] = result
+        self._memo.move_to_end(key)
+        while len(self._memo) > FRAME_MEMO_SIZE:
+            self._memo.popitem(last=False)
+
+
+MIRROR = BoardMirror()
+
+
+class _FailureLog:
+    """Failed sends, logged once per ``FAILURE_LOG_WINDOW_S`` with the clients they hit."""
+
+    def __init__(self) -> None:
+        self.clients = 0
+        self.first = ""
+        self.loop: asyncio.AbstractEventLoop | None = None
+
+    def add(self, exc: BaseException) -> None:
+        loop = asyncio.get_running_loop()
+        if self.loop is not None and self.loop is not loop:
+            self.flush()  # counted under a loop that has gone (tests run one loop each)
+        self.clients += 1
+        if not self.first:
+            self.first = f"{type(exc).__name__}: {exc}"[:300]
+        if self.loop is None:
+            self.loop = loop
+            loop.call_later(FAILURE_LOG_WINDOW_S, self.flush)
+
+    def flush(self) -> None:
+        if self.clients:
+            log.error(
+                "live board: a send failed for %d client(s); they were told live updates "
+                "stopped and reload their rows. First error: %s",
+                self.clients,
+                self.first,
+            )
+        self.clients, self.first, self.loop = 0, "", None
+
+
+FAILURES = _FailureLog()
+_gates: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _layer_gate() -> asyncio.Semaphore:
+    """The process's bound on group membership calls (one semaphore per event loop)."""
+    loop = asyncio.get_running_loop()
+    gate = _gates.get(loop)
+    if gate is None:
+        gate = _gates[loop] = asyncio.Semaphore(LAYER_CALLS)
+    return gate
 
 
 class BoardConsumer(AsyncWebsocketConsumer):
+    mirror = MIRROR
+
     async def connect(self) -> None:
         user = self.scope.get("user")
         if user is None or not user.is_authenticated:
@@ -33,41 +235,73 @@ class BoardConsumer(AsyncWebsocketConsumer):
             return
         query = parse_qs(self.scope.get("query_string", b"").decode("latin-1"))
         self.filters = {k: query.get(k, [""])[0] for k in ("team", "broker")}
-        self.pending: dict[int, str] = {}
-        self.last_flush = float("-inf")
-        self.flush_task: asyncio.Task[None] | None = None
-        await self.channel_layer.group_add(BOARD_GROUP, self.channel_name)
+        self.cursor = self.mirror.seq
+        self.in_flight: collections.deque[int] = collections.deque()
+        self.stopped = False
+        async with _layer_gate():
+            await self.channel_layer.group_add(BOARD_GROUP, self.channel_name)
         await self.accept()
 
     async def disconnect(self, code: int) -> None:
-        task = getattr(self, "flush_task", None)
-        if task is not None:
-            task.cancel()
-        if hasattr(self, "pending"):
-            await self.channel_layer.group_discard(BOARD_GROUP, self.channel_name)
+        if not hasattr(self, "cursor"):
+            return
+        try:
+            async with _layer_gate():
+                await self.channel_layer.group_discard(BOARD_GROUP, self.channel_name)
+        except Exception:  # the layer expires a member it could not drop (group_expiry)
+            log.warning("live board: leaving the group failed", exc_info=True)
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
-        """Clients have nothing to say; the socket is one-way."""
-
-    def visible(self, row: dict[str, Any]) -> bool:
-        """Every viewer sees every channel today; the per-row check is here, in one place."""
-        if self.filters["team"] and row["team"] != self.filters["team"]:
-            return False
-        return not (self.filters["broker"] and row["broker"] != self.filters["broker"])
+        """The page says only ``ack``, once per message it has handled: the window reopens."""
+        if text_data == "ack" and getattr(self, "in_flight", None):
+            self.in_flight.popleft()
+            await self.flush()
 
     async def board_rows(self, event: dict[str, Any]) -> None:
-        for row in event["rows"]:
-            if self.visible(row):
-                self.pending[int(row["id"])] = row["html"]
-        if self.pending and self.flush_task is None:
-            delay = max(0.0, self.last_flush + FLUSH_INTERVAL_S - time.monotonic())
-            self.flush_task = asyncio.ensure_future(self._flush_after(delay))
+        # A pusher of an older release names no batch: name it on the message, which the
+        # process's clients share (a copy each, at worst: the rows are then put twice).
+        batch = event.setdefault("batch", uuid.uuid4().hex)
+        self.mirror.apply(batch, event["rows"], event.get("sampled"))
+        await self.flush()
 
-    async def _flush_after(self, delay: float) -> None:
-        if delay:
-            await asyncio.sleep(delay)
-        self.flush_task = None
-        html, self.pending = "".join(self.pending.values()), {}
-        self.last_flush = time.monotonic()
-        if html:
-            await self.send(text_data=html)
+    async def flush(self) -> None:
+        """Send what is due, as far as the window allows (see the module, steps 2 and 3):
+        always one frame to a client with nothing in flight, more while they fit."""
+        if self.stopped or self.cursor >= self.mirror.seq:
+            return
+        if self.in_flight and sum(self.in_flight) >= WINDOW_BYTES:
+            return
+        if self.cursor < self.mirror.floor:
+            # Versions this client still needed were evicted: its rows come over HTTP.
+            self.cursor = self.mirror.seq
+            await self._send(notice("reload", reason="too far behind"))
+            return
+        frames, end = self.mirror.frames(self.cursor, self.filters["team"], self.filters["broker"])
+        if not frames:
+            self.cursor = end  # nothing this client may see
+        for text, after in frames:
+            if self.in_flight and sum(self.in_flight) + len(text) > WINDOW_BYTES:
+                return
+            if not await self._send(text):
+                return
+            self.cursor = after
+
+    async def _send(self, frame: str) -> bool:
+        try:
+            await self.send(text_data=frame)
+        except Exception as exc:  # whatever the server refused: the client must hear of it
+            await self._stop(exc)
+            return False
+        self.in_flight.append(len(frame))
+        return True
+
+    async def _stop(self, exc: BaseException) -> None:
+        """A failed send: logged (once for all clients hit), the client told when the socket
+        still takes a small message, then closed. Nothing more is sent on this socket."""
+        self.stopped = True
+        FAILURES.add(exc)
+        try:
+            await self.send(text_data=notice("stopped", reason="a live update could not be sent"))
+            await self.close(code=CLOSE_SEND_FAILED)
+        except Exception:  # the socket is gone: the page sees it closed and says so itself
+            log.debug("live board: the stop notice could not be sent either", exc_info=True)

@@ -2,19 +2,29 @@
 
 1. The rows are built with one query and each is rendered once, by the same ``row_html`` the
    page uses (never once per client).
-2. A row is pushed only if its HTML differs from the last pushed version (a digest per row in
-   the shared cache, one round trip each way); the ``<time>`` of the last sample is left out of
-   the comparison, since its age ticks client-side (``static/dlo/board.js``).
-3. One ``group_send`` per poll carries every changed row; each consumer keeps what its user
-   may see and coalesces (``dashboard.consumers``).
+2. A row is pushed only if it changed in meaning: its HTML differs from the last pushed
+   version (a digest per row in the shared cache, one round trip each way), leaving out what
+   moves with the clock alone: the ``<time>`` of the last sample (the page shows its age from
+   the timestamp, ``static/dlo/board.js``) and the sparkline's drawing, of which the digest
+   keeps the values it states (its label: the hour's maximum and the backlog now).
+3. The poll's sample time goes once per broker (``sampled``): the page moves the "last
+   sample" of that broker's rows, which are therefore not pushed again just for it.
+4. The rows go in ``group_send`` messages of at most ``LAYER_MESSAGE_BYTES`` each; each
+   consumer keeps what its user may see, coalesces and packs frames of at most
+   ``FRAME_BYTES`` (``dashboard.consumers``). A row larger than a frame (never seen: rows are
+   ~1 KB) goes as a notice telling the page to reload its rows, never as an oversized frame.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
+import json
 import logging
 import re
+import uuid
 from collections.abc import Iterable
+from typing import Any
 
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
@@ -30,12 +40,24 @@ log = logging.getLogger(__name__)
 BOARD_GROUP = "board"
 DIGEST_KEY = "dlo:board-row:{}"
 DIGEST_TTL_S = 6 * 3600
+#: A websocket frame's limit (daphne refuses frames over 1 MiB; a batch is split across frames).
+FRAME_BYTES = 256 * 1024
+#: A channel-layer message's share of rows (one poll of 10,000 changed rows is ~10 messages).
+LAYER_MESSAGE_BYTES = 1024 * 1024
 _SAMPLE_TIME = re.compile(r"<time [^>]*>[^<]*</time>")
+_SPARK = re.compile(r'<svg class="spark[^"]*"[^>]*?(aria-label="[^"]*")[^>]*>.*?</svg>', re.S)
 
 
 def row_digest(html: str) -> str:
-    """What "changed" compares: the row's HTML minus the ticking sample time."""
-    return hashlib.blake2b(_SAMPLE_TIME.sub("", html).encode(), digest_size=12).hexdigest()
+    """What "changed" compares: the row's HTML minus what moves with the clock (the sample
+    time; the sparkline's drawing, reduced to its label)."""
+    meaning = _SPARK.sub(r"<svg \1>", _SAMPLE_TIME.sub("", html))
+    return hashlib.blake2b(meaning.encode(), digest_size=12).hexdigest()
+
+
+def _reload_notice(reason: str) -> str:
+    """The notice the consumer sends alone in a frame (``dashboard.consumers.notice``)."""
+    return json.dumps({"reload": {"reason": reason}}, separators=(",", ":"))
 
 
 def _changed_only(rendered: dict[int, str]) -> dict[int, str]:
@@ -56,35 +78,66 @@ def _changed_only(rendered: dict[int, str]) -> dict[int, str]:
     return fresh
 
 
-def push_board_rows(channel_ids: Iterable[int]) -> int:
-    """Render and send the changed rows of ``channel_ids``; returns how many rows were sent."""
+def _messages(payload: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """The rows cut into channel-layer messages of about ``LAYER_MESSAGE_BYTES`` each."""
+    messages: list[list[dict[str, Any]]] = [[]]
+    size = 0
+    for row in payload:
+        if messages[-1] and size + len(row["html"]) > LAYER_MESSAGE_BYTES:
+            messages.append([])
+            size = 0
+        messages[-1].append(row)
+        size += len(row["html"])
+    return messages
+
+
+def push_board_rows(
+    channel_ids: Iterable[int],
+    sampled: tuple[int, str, dt.datetime] | None = None,
+) -> int:
+    """Render and send the changed rows of ``channel_ids`` and, given ``sampled`` (broker id,
+    name, time of a successful poll), that broker's sample time; returns how many rows were
+    sent."""
     layer = get_channel_layer()
     ids = list(channel_ids)
-    if layer is None or not ids:
+    if layer is None or not (ids or sampled):
         return 0
     rows = {r.channel.pk: r for r in board_rows(conditions_for(pk__in=ids), timezone.now())}
     # ASCII only (non-ASCII as character references, the same HTML to a parser): Python
     # then stores each row and every client's joined frame one byte per character, and the
-    # server's UTF-8 encoding of each frame is a plain copy.
+    # server's UTF-8 encoding of each frame is a plain copy; a frame's length is its size.
     links = ChannelLinks()
     rendered = {
         pk: row_html(row, True, links).encode("ascii", "xmlcharrefreplace").decode("ascii")
         for pk, row in rows.items()
     }
-    fresh = _changed_only(rendered)
-    if not fresh:
-        return 0
-    payload = [
-        {
-            "id": pk,
-            "team": rows[pk].channel.owner_team,
-            "broker": rows[pk].channel.broker.name,
-            "state": rows[pk].state,
-            "html": html,
-        }
-        for pk, html in fresh.items()
-    ]
-    # One message per poll: channels_redis stores it once per server process, and every
-    # client gets all of the poll's rows in one coalesced frame (chunks arrived a flush apart).
-    async_to_sync(layer.group_send)(BOARD_GROUP, {"type": "board.rows", "rows": payload})
+    fresh = _changed_only(rendered) if rendered else {}
+    payload = []
+    for pk, html in fresh.items():
+        if len(html) > FRAME_BYTES:
+            log.warning(
+                "board row %s is %d bytes, over a frame: pages reload instead", pk, len(html)
+            )
+            html = _reload_notice("a row too large to push")
+        payload.append(
+            {
+                "id": pk,
+                "team": rows[pk].channel.owner_team,
+                "broker": rows[pk].channel.broker.name,
+                "state": rows[pk].state,
+                "html": html,
+            }
+        )
+    messages = _messages(payload)
+    for i, chunk in enumerate(messages):
+        message: dict[str, Any] = {"type": "board.rows", "batch": uuid.uuid4().hex, "rows": chunk}
+        if sampled is not None and i == len(messages) - 1:
+            broker_id, broker_name, at = sampled
+            message["sampled"] = {
+                "broker_id": broker_id,
+                "broker": broker_name,
+                "at": at.isoformat(),
+            }
+        if message["rows"] or "sampled" in message:
+            async_to_sync(layer.group_send)(BOARD_GROUP, message)
     return len(payload)

@@ -1,21 +1,29 @@
-// Health board: live-update status and the polling fallback. No inline scripts (CSP).
+// Health board: live updates (rows pushed over the websocket, swapped by htmx), their
+// notices, acknowledgements and status, the polling fallback, the ages of the last samples,
+// and the keyboard path (j/k). No inline scripts (CSP).
 (function () {
   "use strict";
   var POLL_MS = 15000;
   var timer = null;
   var lostTimer = null;
+  var stopped = false;
+  var LOST_TEXT = "Live updates lost — refreshing every 15 s.";
 
-  function banner(show) {
-    var el = document.getElementById("live-lost");
-    if (el) { el.hidden = !show; }
+  function board() { return document.getElementById("board"); }
+  function refresh() {
+    var b = board();
+    if (b && window.htmx) { window.htmx.trigger(b, "dlo:refresh"); }
   }
-  function startPolling() {
-    banner(true);
+  function banner(show, text) {
+    var el = document.getElementById("live-lost");
+    if (!el) { return; }
+    if (text) { el.textContent = text; }
+    el.hidden = !show;
+  }
+  function startPolling(text) {
+    banner(true, text || (stopped ? null : LOST_TEXT));
     if (timer) { return; }
-    timer = setInterval(function () {
-      var board = document.getElementById("board");
-      if (board && window.htmx) { window.htmx.trigger(board, "dlo:refresh"); }
-    }, POLL_MS);
+    timer = setInterval(refresh, POLL_MS);
   }
   function stopPolling() {
     if (lostTimer) { clearTimeout(lostTimer); lostTimer = null; }
@@ -24,25 +32,128 @@
     banner(false);
     return wasPolling;
   }
-  document.addEventListener("htmx:wsOpen", function () {
+  // The server stopped this page's live updates (a send failed): say so, reload the rows now
+  // (the reloaded board opens a new socket) and keep refreshing until live updates are back.
+  function liveStopped(reason) {
+    if (stopped) { return; }
+    stopped = true;
+    var at = new Date().toLocaleTimeString();
+    startPolling("Live updates stopped" + (reason ? " (" + reason + ")" : "") +
+      ". Rows reloaded at " + at + "; refreshing every 15 s until they are back.");
+    refresh();
+  }
+  document.addEventListener("htmx:wsOpen", function (e) {
+    e.target.__dloOpen = true;
+    stopped = false;
     // Back live: catch up on what changed while the socket was down, then stop polling.
-    if (stopPolling()) {
-      var board = document.getElementById("board");
-      if (board && window.htmx) { window.htmx.trigger(board, "dlo:refresh"); }
-    }
+    if (stopPolling()) { refresh(); }
   });
   function lost() {
     // A filter change also closes the old socket for a moment: wait before declaring it lost.
     if (lostTimer || timer) { return; }
     lostTimer = setTimeout(function () {
       lostTimer = null;
-      var board = document.getElementById("board");
-      if (!board || !board.__dloOpen) { startPolling(); }
+      var b = board();
+      if (!b || !b.__dloOpen) { startPolling(); }
     }, 3000);
   }
-  document.addEventListener("htmx:wsOpen", function (e) { e.target.__dloOpen = true; });
-  document.addEventListener("htmx:wsClose", function (e) { e.target.__dloOpen = false; lost(); });
+  document.addEventListener("htmx:wsClose", function (e) {
+    e.target.__dloOpen = false;
+    var code = e.detail && e.detail.event && e.detail.event.code;
+    if (code === 4500) { liveStopped(""); return; }  // stopped, its notice lost
+    lost();
+  });
   document.addEventListener("htmx:wsError", function (e) { e.target.__dloOpen = false; lost(); });
+
+  // Messages: rows (HTML, swapped by htmx) or a notice (JSON, handled here). Each is
+  // acknowledged once handled: the server keeps only a small window unacknowledged per page.
+  function ack(detail) {
+    if (detail && detail.socketWrapper) { detail.socketWrapper.send("ack"); }
+  }
+  function notice(data) {
+    if (data.sampled) { sampled(data.sampled.broker, data.sampled.at); }
+    if (data.reload) { refresh(); }
+    if (data.stopped) { liveStopped(data.stopped.reason); }
+  }
+  var kept = null;
+  document.addEventListener("htmx:wsBeforeMessage", function (e) {
+    var message = e.detail && e.detail.message;
+    if (typeof message === "string" && message.charAt(0) === "{") {
+      e.preventDefault();
+      try { notice(JSON.parse(message)); } finally { ack(e.detail); }
+      return;
+    }
+    kept = keep();
+  });
+  document.addEventListener("htmx:wsAfterMessage", function (e) {
+    try { restore(kept); } finally { kept = null; ack(e.detail); }
+  });
+
+  // Focus, scroll and the j/k row survive a pushed row replacing the one they were on.
+  function rowOf(el) {
+    var tr = el && el.closest ? el.closest("tr[id^='ch-']") : null;
+    return tr && board() && board().contains(tr) ? tr : null;
+  }
+  function focusables(tr) { return tr.querySelectorAll("a[href], button, input, select, textarea, [tabindex]"); }
+  function keep() {
+    var active = document.activeElement;
+    var tr = rowOf(active);
+    var index = tr ? Array.prototype.indexOf.call(focusables(tr), active) : -1;
+    return { row: tr ? tr.id : null, index: index, active: active, x: window.scrollX, y: window.scrollY };
+  }
+  function restore(state) {
+    markCurrent(false);
+    ages();
+    if (!state) { return; }
+    if (state.row && document.activeElement !== state.active) {
+      var tr = document.getElementById(state.row);
+      var targets = tr ? focusables(tr) : [];
+      var target = targets[state.index] || targets[0];
+      if (target) { target.focus({ preventScroll: true }); }
+    }
+    if (window.scrollX !== state.x || window.scrollY !== state.y) { window.scrollTo(state.x, state.y); }
+  }
+
+  // j/k: the next/previous row of the board, focused on its channel link (Enter opens it).
+  var currentId = null;
+  function rows() { return Array.prototype.slice.call(document.querySelectorAll("#board-rows > tr[id^='ch-']")); }
+  function markCurrent(focus) {
+    rows().forEach(function (tr) { tr.classList.toggle("is-current", tr.id === currentId); });
+    var tr = currentId && document.getElementById(currentId);
+    var link = tr && tr.querySelector("a[href]");
+    if (focus && link) { link.focus(); }
+  }
+  function move(step) {
+    var all = rows();
+    if (!all.length) { return; }
+    var at = -1;
+    for (var i = 0; i < all.length; i++) { if (all[i].id === currentId) { at = i; } }
+    if (at < 0) {
+      var own = rowOf(document.activeElement);
+      at = own ? all.indexOf(own) : -1;
+    }
+    var next = at < 0 ? 0 : Math.max(0, Math.min(all.length - 1, at + step));
+    currentId = all[next].id;
+    markCurrent(true);
+  }
+  document.addEventListener("keydown", function (e) {
+    var t = e.target;
+    if (e.ctrlKey || e.metaKey || e.altKey) { return; }
+    if (t && (t.isContentEditable || /^(INPUT|TEXTAREA|SELECT)$/.test(t.tagName))) { return; }
+    if (document.querySelector("dialog[open]") || !document.getElementById("board-rows")) { return; }
+    if (e.key === "j") { e.preventDefault(); move(1); } else if (e.key === "k") { e.preventDefault(); move(-1); }
+  });
+  // A reload of the whole board (polling, a notice) keeps them too.
+  var keptOnReload = null;
+  document.addEventListener("htmx:beforeSwap", function (e) {
+    var target = e.detail && e.detail.target;
+    if (target && target.id === "board") { keptOnReload = keep(); }
+  });
+  document.addEventListener("htmx:afterSettle", function () {
+    var state = keptOnReload;
+    keptOnReload = null;
+    restore(state);
+  });
 
   // A big board loads its rows in slices (the "more" row). A pushed row that is not loaded
   // yet is dropped by htmx, unless it needs attention: then it goes above the unloaded part,
@@ -110,17 +221,32 @@
     }
   });
 
+  // The age of each row's last sample, from its timestamp (the server renders the clock time,
+  // true without JavaScript); a poll's "sampled" notice moves the time of its broker's rows.
   function fmt(seconds) {
     if (seconds < 90) { return Math.max(0, Math.round(seconds)) + " s"; }
     if (seconds < 5400) { return Math.round(seconds / 60) + " min"; }
     if (seconds < 172800) { return (seconds / 3600).toFixed(1) + " h"; }
     return (seconds / 86400).toFixed(1) + " d";
   }
-  setInterval(function () {
+  function ages() {
     var now = Date.now();
     document.querySelectorAll("time[data-age]").forEach(function (el) {
       var at = Date.parse(el.getAttribute("datetime"));
-      if (!isNaN(at)) { el.textContent = fmt((now - at) / 1000) + " ago"; }
+      if (isNaN(at)) { return; }
+      el.textContent = fmt((now - at) / 1000) + " ago";
+      el.title = new Date(at).toLocaleString();
     });
-  }, 5000);
+  }
+  function sampled(broker, at) {
+    var when = Date.parse(at);
+    if (isNaN(when)) { return; }
+    document.querySelectorAll("time[data-age][data-broker='" + Number(broker) + "']").forEach(function (el) {
+      var was = Date.parse(el.getAttribute("datetime"));
+      if (isNaN(was) || was < when) { el.setAttribute("datetime", at); }
+    });
+    ages();
+  }
+  ages();
+  setInterval(ages, 5000);
 })();

@@ -1,8 +1,14 @@
 """The board's websocket: refused for anonymous, outsiders and foreign origins; a viewer gets the
-same row partial the page renders after a poll commits, coalesced per client."""
+same row partial the page renders after a poll commits, coalesced per client; at incident scale
+(issue 29) frames stay bounded, a slow client gets the latest rows, a failed send is told."""
 
 from __future__ import annotations
 
+import asyncio
+import datetime as dt
+import json
+import logging
+import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -19,8 +25,9 @@ from django.core.cache import cache
 
 from channels_registry.actions import do_poll_broker
 from channels_registry.models import BrokerKind
+from dashboard import consumers
 from dashboard.asgi import application
-from dashboard.live import BOARD_GROUP
+from dashboard.live import BOARD_GROUP, FRAME_BYTES
 from dashboard.roles import sync_roles
 from tests.conftest import broker_required, client_for, make_broker, make_channel, make_user
 
@@ -169,29 +176,149 @@ def test_viewer_receives_the_row_partial_after_a_poll(monkeypatch: pytest.Monkey
         client.delete(stream)
 
 
+def _rows(html: dict[int, str], sampled: Any = None) -> dict[str, Any]:
+    message: dict[str, Any] = {
+        "type": "board.rows",
+        "batch": uuid.uuid4().hex,
+        "rows": [
+            {"id": pk, "team": "", "broker": "b", "state": "ok", "html": h}
+            for pk, h in html.items()
+        ],
+    }
+    if sampled:
+        message["sampled"] = sampled
+    return message
+
+
+def _tr(pk: int, version: int, size: int = 100) -> str:
+    return f'<tr id="ch-{pk}" hx-swap-oob="true"><td>v{version} {"x" * size}</td></tr>'
+
+
+async def _board(cookie: tuple[bytes, bytes]) -> WebsocketCommunicator:
+    communicator = WebsocketCommunicator(application, "/ws/board/", headers=[ORIGIN, HOST, cookie])
+    connected, _ = await communicator.connect()
+    assert connected
+    return communicator
+
+
 @pytest.mark.django_db(transaction=True)
-def test_updates_are_coalesced_to_the_latest_row_html() -> None:
+def test_a_slow_client_gets_the_latest_rows_not_a_queue(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A client that has not acknowledged gets nothing more; when it does, each row once, as it
+    is now (rows changed 30 times meanwhile are not 30 queued frames)."""
+    monkeypatch.setattr(consumers, "WINDOW_BYTES", 300)
     cookie = _cookie(make_user("vera", "viewer"))
     layer = get_channel_layer()
 
-    def rows(version: str) -> dict[str, Any]:
-        return {
-            "type": "board.rows",
-            "rows": [{"id": 1, "team": "", "broker": "b", "state": "ok", "html": version}],
-        }
+    async def scenario() -> None:
+        communicator = await _board(cookie)
+        await layer.group_send(BOARD_GROUP, _rows({1: _tr(1, 0)}))
+        assert await communicator.receive_from(timeout=3) == _tr(1, 0)
+        await layer.group_send(BOARD_GROUP, _rows({1: _tr(1, 1)}))
+        assert await communicator.receive_from(timeout=3) == _tr(1, 1)
+        # Two frames unacknowledged fill the window: the client has fallen behind.
+        for version in range(2, 32):
+            await layer.group_send(BOARD_GROUP, _rows({1: _tr(1, version), 2: _tr(2, version)}))
+        assert await communicator.receive_nothing(timeout=0.5)
+        await communicator.send_to(text_data="ack")
+        await communicator.send_to(text_data="ack")
+        received = await communicator.receive_from(timeout=3)
+        if received.count("<tr ") < 2:
+            await communicator.send_to(text_data="ack")
+            received += await communicator.receive_from(timeout=3)
+        assert received == _tr(1, 31) + _tr(2, 31)  # the latest, each once
+        assert await communicator.receive_nothing(timeout=0.5)
+        await communicator.disconnect()
+
+    run(scenario)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_update_larger_than_a_frame_arrives_complete_in_bounded_frames() -> None:
+    """1,200 rows of ~1 KB (over a megabyte, daphne's limit for one frame): every row arrives,
+    once and in order, in frames of at most FRAME_BYTES, as the page acknowledges them."""
+    cookie = _cookie(make_user("vera", "viewer"))
+    layer = get_channel_layer()
+    rows = {pk: _tr(pk, 1, size=1000) for pk in range(1, 1201)}
+    assert sum(map(len, rows.values())) > 4 * FRAME_BYTES
 
     async def scenario() -> None:
-        communicator = WebsocketCommunicator(
-            application, "/ws/board/", headers=[ORIGIN, HOST, cookie]
-        )
-        connected, _ = await communicator.connect()
-        assert connected
-        await layer.group_send(BOARD_GROUP, rows("v1"))
-        assert await communicator.receive_from(timeout=3) == "v1"
-        await layer.group_send(BOARD_GROUP, rows("v2"))
-        await layer.group_send(BOARD_GROUP, rows("v3"))
-        assert await communicator.receive_from(timeout=3) == "v3"  # v2 was replaced, not sent
-        assert await communicator.receive_nothing(timeout=1.5)
+        communicator = await _board(cookie)
+        await layer.group_send(BOARD_GROUP, _rows(rows))
+        frames = []
+        while sum(f.count("<tr ") for f in frames) < len(rows):
+            frames.append(await communicator.receive_from(timeout=3))
+            await communicator.send_to(text_data="ack")
+        assert await communicator.receive_nothing(timeout=0.5)
+        assert len(frames) > 4 and all(len(f.encode()) <= FRAME_BYTES for f in frames)
+        assert "".join(frames) == "".join(rows.values())
+        await communicator.disconnect()
+
+    run(scenario)
+
+
+def _refusing_row_frames(app: Any) -> Any:
+    """The ASGI application behind a server that refuses to send row frames (as daphne
+    refused frames over its payload limit), while small notices still go through."""
+
+    async def wrapped(scope: Any, receive: Any, send: Any) -> None:
+        async def refusing(message: dict[str, Any]) -> None:
+            if message.get("type") == "websocket.send" and "<tr " in message.get("text", ""):
+                raise RuntimeError("tried to send a message exceeding the payload limit")
+            await send(message)
+
+        await app(scope, receive, refusing)
+
+    return wrapped
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_failed_send_is_told_to_the_page_and_logged_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    cookie = _cookie(make_user("vera", "viewer"))
+    layer = get_channel_layer()
+    app = _refusing_row_frames(application)
+
+    async def scenario() -> None:
+        clients = []
+        for _ in range(2):
+            communicator = WebsocketCommunicator(app, "/ws/board/", headers=[ORIGIN, HOST, cookie])
+            assert (await communicator.connect())[0]
+            clients.append(communicator)
+        await layer.group_send(BOARD_GROUP, _rows({1: _tr(1, 1)}))
+        for communicator in clients:
+            told = json.loads(await communicator.receive_from(timeout=3))
+            assert told == {"stopped": {"reason": "a live update could not be sent"}}
+            closed = await communicator.receive_output(timeout=3)
+            assert closed == {"type": "websocket.close", "code": consumers.CLOSE_SEND_FAILED}
+        await asyncio.sleep(consumers.FAILURE_LOG_WINDOW_S + 0.3)
+        # Nothing more goes to a stopped client.
+        await layer.group_send(BOARD_GROUP, _rows({1: _tr(1, 2)}))
+        for communicator in clients:
+            assert await communicator.receive_nothing(timeout=0.3)
+            await communicator.wait()
+
+    with caplog.at_level(logging.ERROR, logger="dashboard.consumers"):
+        run(scenario)
+    failed = [r for r in caplog.records if "send failed" in r.getMessage()]
+    assert len(failed) == 1, [r.getMessage() for r in caplog.records]
+    assert "for 2 client(s)" in failed[0].getMessage()
+    assert "payload limit" in failed[0].getMessage()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_brokers_sample_time_is_one_notice_after_the_rows() -> None:
+    cookie = _cookie(make_user("vera", "viewer"))
+    layer = get_channel_layer()
+    at = "2026-01-02T03:04:05+00:00"
+
+    async def scenario() -> None:
+        communicator = await _board(cookie)
+        sampled = {"broker_id": 7, "broker": "b", "at": at}
+        await layer.group_send(BOARD_GROUP, _rows({1: _tr(1, 1)}, sampled))
+        assert await communicator.receive_from(timeout=3) == _tr(1, 1)
+        notice = json.loads(await communicator.receive_from(timeout=3))
+        assert notice == {"sampled": {"broker": 7, "at": at}}
         await communicator.disconnect()
 
     run(scenario)
@@ -221,3 +348,75 @@ def test_a_row_is_pushed_only_when_its_html_changed(monkeypatch: pytest.MonkeyPa
     health.save()
     assert live.push_board_rows([channel.pk]) == 1
     assert '<td class="n" data-label="Backlog">6</td>' in sent[1]["rows"][0]["html"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_row_is_not_pushed_for_the_clock_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A later sample time and a sparkline redrawn for a later hour, with the same values, do
+    not push the row; the broker's sample time goes once, as ``sampled``."""
+    from channels_registry.health import HealthState
+    from channels_registry.models import ChannelHealth
+    from dashboard import live
+
+    sent: list[dict[str, Any]] = []
+
+    class Layer:
+        async def group_send(self, group: str, message: dict[str, Any]) -> None:
+            sent.append(message)
+
+    monkeypatch.setattr(live, "get_channel_layer", Layer)
+    channel = make_channel(make_broker())
+    now = dt.datetime(2026, 1, 2, 3, 4, 5, tzinfo=dt.UTC)
+    minute = now.replace(second=0).timestamp()
+    health = ChannelHealth.objects.create(
+        channel=channel,
+        state=HealthState.OK,
+        severity=10,
+        backlog=5,
+        last_sample_at=now,
+        spark=[[minute - 120, 5], [minute - 60, 5]],
+    )
+    assert live.push_board_rows([channel.pk]) == 1
+    health.last_sample_at = now + dt.timedelta(seconds=63)
+    health.spark = [[minute - 120, 5], [minute - 60, 5], [minute, 5]]
+    health.save()
+    later = health.last_sample_at
+    assert live.push_board_rows([channel.pk], (channel.broker.pk, channel.broker.name, later)) == 0
+    assert sent[-1]["rows"] == []
+    assert sent[-1]["sampled"] == {
+        "broker_id": channel.broker.pk,
+        "broker": channel.broker.name,
+        "at": later.isoformat(),
+    }
+    health.spark = [[minute - 120, 5], [minute - 60, 5], [minute, 9]]  # the values moved
+    health.save()
+    assert live.push_board_rows([channel.pk]) == 1
+
+
+def test_a_poll_marks_a_row_changed_by_its_values_not_by_the_minute() -> None:
+    """A new sparkline point each minute with the same backlog is not a change of the row (it
+    pushed every row of the board once a minute); a new value is."""
+    from channels_registry.models import ChannelHealth
+    from channels_registry.polling import _display_key
+
+    before = ChannelHealth(state="ok", backlog=5, spark=[[60, 5], [120, 5]])
+    later = ChannelHealth(state="ok", backlog=5, spark=[[60, 5], [120, 5], [180, 5]])
+    moved = ChannelHealth(state="ok", backlog=5, spark=[[60, 5], [120, 5], [180, 9]])
+    assert _display_key(later) == _display_key(before)
+    assert _display_key(moved) != _display_key(before)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_message_of_an_older_pusher_without_a_batch_id_still_arrives() -> None:
+    cookie = _cookie(make_user("vera", "viewer"))
+    layer = get_channel_layer()
+
+    async def scenario() -> None:
+        communicator = await _board(cookie)
+        message = _rows({1: _tr(1, 1)})
+        del message["batch"]
+        await layer.group_send(BOARD_GROUP, message)
+        assert await communicator.receive_from(timeout=3) == _tr(1, 1)
+        await communicator.disconnect()
+
+    run(scenario)

@@ -1,5 +1,6 @@
 """Journey 1, first leg — the on-call engineer keeps the board open; a channel's backlog grows
-on the real broker with no consumer, a poll runs, and its row turns STOPPED without a reload."""
+on the real broker with no consumer, a poll runs, and its row turns STOPPED without a reload.
+Live updates keep the keyboard's place (focus, the j/k row) and say when they stop."""
 
 from __future__ import annotations
 
@@ -108,4 +109,119 @@ def test_board_says_when_live_updates_are_lost_and_falls_back_to_polling(
     off_loop(do_poll_broker, broker.pk, force=True)
     row = tab.page.locator(f"#ch-{channel.pk}")
     expect(row).to_contain_text("STOPPED", ignore_case=True, timeout=25_000)
+    tab.check_clean()
+
+
+def _focus(tab: Any) -> dict[str, Any]:
+    """Where the keyboard focus is: its tag and the id of the board row holding it."""
+    return dict(
+        tab.page.evaluate(
+            "() => { const a = document.activeElement; const tr = a && a.closest('tr');"
+            " return {tag: a ? a.tagName : null, row: tr ? tr.id : null}; }"
+        )
+    )
+
+
+def test_focus_and_the_j_k_row_survive_three_live_updates(
+    journey: Any, rabbit: tuple[Any, str]
+) -> None:
+    """Issue 26.3: a pushed row replaces the one the keyboard is on; focus stays on its link
+    (not <body>), the j/k row stays marked, the page does not scroll."""
+    amqp, queue = rabbit
+    channel = live_channel(queue)
+    other = make_channel(
+        channel.broker, name="Another queue", slug="another", address=f"{queue}.dlq", dlq_address=""
+    )
+    off_loop(do_poll_broker, channel.broker.pk, force=True)
+
+    tab = journey("oncall-live-focus")
+    tab.sign_in("otto", PASSWORD)
+    tab.go("/")
+    tab.wait_until(lambda: tab.page.evaluate("document.getElementById('board').__dloOpen"))
+    rows = tab.page.locator("#board-rows > tr[id^='ch-']")
+    ids = [rows.nth(i).get_attribute("id") for i in range(rows.count())]
+    assert set(ids) == {f"ch-{channel.pk}", f"ch-{other.pk}"}
+    # j walks the rows to the live channel's row; its link takes the focus.
+    tab.page.keyboard.press("j")
+    if ids[0] != f"ch-{channel.pk}":
+        tab.page.keyboard.press("j")
+    row = tab.page.locator(f"#ch-{channel.pk}")
+    assert _focus(tab) == {"tag": "A", "row": f"ch-{channel.pk}"}
+    assert "is-current" in (row.get_attribute("class") or "")
+    scroll = tab.page.evaluate("() => [window.scrollX, window.scrollY]")
+
+    published = 0
+    for n in (3, 5, 7):
+        for i in range(n):
+            amqp.basic_publish("", queue, f'{{"n": {published + i}}}'.encode())
+        published += n
+        off_loop(do_poll_broker, channel.broker.pk, force=True)
+        expect(row.locator("td[data-label='Backlog']")).to_have_text(str(published), timeout=10_000)
+        assert _focus(tab) == {"tag": "A", "row": f"ch-{channel.pk}"}, f"after {published}"
+        assert "is-current" in (row.get_attribute("class") or "")
+    assert tab.page.evaluate("() => [window.scrollX, window.scrollY]") == scroll
+    # k moves on from the kept row (the selection was not reset by the updates).
+    tab.page.keyboard.press("k" if ids[0] != f"ch-{channel.pk}" else "j")
+    assert _focus(tab)["row"] == f"ch-{other.pk}"
+    tab.check_clean()
+
+
+def test_the_page_says_when_live_updates_stop_and_reloads_its_rows(
+    journey: Any, rabbit: tuple[Any, str]
+) -> None:
+    """Issue 29: the server could not send an update and said so (``stopped``, then close
+    4500): the page shows it and reloads its rows at once, then keeps refreshing."""
+    from dashboard.consumers import CLOSE_SEND_FAILED, notice
+
+    _, queue = rabbit
+    live_channel(queue)
+    tab = journey("oncall-live-stopped")
+    tab.sign_in("otto", PASSWORD)
+    tab.go("/channels/")
+    routes: list[Any] = []
+
+    def connect(route: Any) -> None:
+        if routes:  # the reloaded board's socket: refused, so the banner stays
+            route.close(code=1011, reason="refused by the test")
+            return
+        routes.append(route)
+        route.connect_to_server()
+
+    tab.page.route_web_socket("**/ws/board/**", connect)
+    tab.go("/")
+    tab.wait_until(lambda: tab.page.evaluate("document.getElementById('board').__dloOpen"))
+    banner = tab.page.locator("#live-lost")
+    assert banner.is_hidden()
+    reloads: list[str] = []
+    tab.page.on(
+        "request",
+        lambda r: (
+            reloads.append(r.url) if r.headers.get("hx-request") and "/ws/" not in r.url else None
+        ),
+    )
+    routes[0].send(notice("stopped", reason="a live update could not be sent"))
+    routes[0].close(code=CLOSE_SEND_FAILED, reason="send failed")
+    expect(banner).to_be_visible(timeout=10_000)
+    expect(banner).to_contain_text("Live updates stopped (a live update could not be sent)")
+    expect(banner).to_contain_text("Rows reloaded")
+    tab.wait_until(lambda: len(reloads) >= 1)
+    tab.shot("live-stopped")
+    tab.check_clean()
+
+
+def test_d_on_the_entries_list_puts_focus_in_the_reason_box(journey: Any) -> None:
+    """Issue 26.3: after ``d`` the discard preview's reason box has the focus (it was <body>,
+    twelve Tabs away)."""
+    from tests.e2e.screens import incident
+
+    browser_user("otto", "oncall")
+    incident()
+    tab = journey("oncall-d-focus")
+    tab.sign_in("otto", PASSWORD)
+    tab.go("/dead-letters/list/")
+    tab.page.keyboard.press("j")
+    with tab.page.expect_navigation():
+        tab.page.keyboard.press("d")
+    assert "/dead-letters/discard/" in tab.page.url
+    assert tab.page.evaluate("() => document.activeElement.name") == "action_reason"
     tab.check_clean()
