@@ -19,10 +19,12 @@ from typing import Any
 
 import httpx
 import pytest
+from django.conf import settings
 from django.contrib.auth.hashers import make_password
 from django.contrib.auth.models import User
 from django.test import Client, override_settings
 
+from audit.mac import load_key
 from audit.models import AuditEvent
 from dashboard.proxy import parse_networks, resolve
 from tests.conftest import PASSWORD, make_user
@@ -51,13 +53,22 @@ def _free_port() -> int:
 
 
 @pytest.fixture
-def serve(transactional_db: Any) -> Iterator[Callable[..., str]]:
+def serve(transactional_db: Any, tmp_path: Path) -> Iterator[Callable[..., str]]:
     processes: list[subprocess.Popen[bytes]] = []
+    # Production refuses to start without the audit trail's keys and checkpoint directory;
+    # the MAC key is the suite's own, so the rows this server writes are the application's.
+    load_key()
+    audit_env = {
+        "DLO_AUDIT_MAC_KEY": str(Path(settings.DLO_AUDIT_MAC_KEY).resolve()),
+        "DLO_AUDIT_SIGNING_KEY": str(tmp_path / "signing.key"),
+        "DLO_AUDIT_CHECKPOINT_DIR": str(tmp_path / "checkpoints"),
+    }
 
     def start(**env: str) -> str:
         port = _free_port()
         full_env = {
             **os.environ,
+            **audit_env,
             "DATABASE_URL": _database_url(),
             "REDIS_URL": "",  # a cache of its own: the throttle's counters live in this server
             "CELERY_BROKER_URL": "",
