@@ -446,7 +446,9 @@ def _run(
             track.health = h
             track.polls += 1
             track.outcome.observed.append(h.state)
-            if track.polls > track.quiet_polls and h.state in track.expect.never:
+            # The first polls may only be excused for saying UNKNOWN; any other claim counts.
+            excused = track.polls <= track.quiet_polls and h.state == S.UNKNOWN
+            if track.polls > 2 and not excused and h.state in track.expect.never:
                 track.outcome.problems.append(
                     f"poll {track.polls}: {h.state} ({'; '.join(h.evidence[:2])})"
                 )
@@ -484,8 +486,9 @@ def _run(
                 h = track.health
                 if (
                     h is not None
-                    and track.polls > track.quiet_polls
-                    and (h.state not in track.expect.final)
+                    and track.polls > 2
+                    and h.state not in track.expect.final
+                    and not (track.polls <= track.quiet_polls and h.state == S.UNKNOWN)
                 ):
                     track.outcome.problems.append(
                         f"poll {track.polls}: {h.state} ({h.evidence[:1]})"

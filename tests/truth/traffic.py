@@ -5,7 +5,8 @@ Every worker is bounded: it stops when asked (``stop``) or after ``MAX_RUN_S``, 
 created is deleted by ``Traffic.cleanup``. Consumer behaviours (``mode``):
 
 - ``ack``: acknowledge every message; ``slow``: the same, ``delay_s`` per message;
-- ``retry``: acknowledge all but every ``retry_every``-th, retried later the broker's way
+- ``retry``: acknowledge all but every ``retry_every``-th, the very first one included (so a
+  JetStream ack floor never moves: the issue's case), retried later the broker's way
   (RabbitMQ: rejected into a TTL retry queue that dead-letters back; Redis: left pending and
   claimed later with XAUTOCLAIM; NATS: ``nak`` with a 300 s delay);
 - ``hang``: take a full prefetch and never acknowledge it, connection kept open;
@@ -171,7 +172,7 @@ class Rabbit:
                     return
                 if delay_s:
                     connection.sleep(delay_s)
-                if mode == "retry" and seen[0] % retry_every == 0 and not method.redelivered:
+                if mode == "retry" and seen[0] % retry_every == 1 and not method.redelivered:
                     # Parked in the TTL retry queue, back in the work queue a second later.
                     ch.basic_reject(method.delivery_tag, requeue=False)
                     return
@@ -280,7 +281,7 @@ class RedisStreams:
                         n += 1
                         if delay_s:
                             stop.wait(delay_s)
-                        if mode == "poison" or (mode == "retry" and n % retry_every == 0):
+                        if mode == "poison" or (mode == "retry" and n % retry_every == 1):
                             continue  # left pending: claimed again later
                         client.xack(self.stream, GROUP, entry_id)
             client.close()
@@ -430,7 +431,7 @@ class Nats:
                         continue
                     if delay_s:
                         await asyncio.sleep(delay_s)
-                    if mode == "retry" and n % retry_every == 0:
+                    if mode == "retry" and n % retry_every == 1:
                         await msg.nak(delay=300)  # retried in five minutes: backoff
                         continue
                     await msg.ack()
