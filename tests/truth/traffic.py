@@ -24,6 +24,8 @@ from collections.abc import Callable
 from typing import Any
 
 import nats
+import nats.errors
+import nats.js.errors
 import pika
 import redis
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
@@ -386,7 +388,8 @@ class Nats:
             js = nc.jetstream()
             end, n = _deadline(), 0
             while not stop.is_set() and time.monotonic() < end:
-                await js.publish(self.subject, f"m{n}".encode())
+                with contextlib.suppress(nats.errors.TimeoutError):  # a loaded server: go on
+                    await js.publish(self.subject, f"m{n}".encode())
                 n += 1
                 await asyncio.sleep(1.0 / rate)
             await nc.close()
@@ -418,8 +421,8 @@ class Nats:
                     continue
                 try:
                     msgs = await sub.fetch(prefetch, timeout=1)
-                except nats.errors.TimeoutError:
-                    continue
+                except (nats.errors.TimeoutError, nats.js.errors.APIError):
+                    continue  # nothing to pull (or a 408/409 on a loaded server): pull again
                 held = True
                 for msg in msgs:
                     n += 1
