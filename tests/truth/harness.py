@@ -461,6 +461,9 @@ def _run(
     if sc.fault is not None:
         for track in tracks:
             sc.fault(track.run)
+        # Detection counts from the fault done (a killed consumer's thread joined, the hung
+        # one started), as an operator's clock would from the moment the consumer died.
+        started = time.monotonic()
         # Bounded: the target with room for a loaded machine, then the verdict says how late.
         deadline = started + 2 * max((tr.expect.within_s or 0) for tr in tracks) + 3 * interval
         while time.monotonic() < deadline and not all(tr.done for tr in tracks):
