@@ -34,7 +34,7 @@ RABBIT_URL = "amqp://guest:guest@127.0.0.1:5672/%2F"
 RABBIT_MGMT = "http://guest:guest@127.0.0.1:15672"
 REDIS_URL = "redis://127.0.0.1:6379/0"
 NATS_URL = "nats://127.0.0.1:4222"
-MAX_RUN_S = 600.0
+MAX_RUN_S = 1800.0  # past the longest soak: a worker never ends inside a scenario
 GROUP = "workers"
 
 
