@@ -51,6 +51,7 @@ class _ChannelFamilies:
     unresolved: GaugeMetricFamily
     unresolved_age: GaugeMetricFamily
     stalled: GaugeMetricFamily
+    on_broker: GaugeMetricFamily
 
     @classmethod
     def new(cls) -> _ChannelFamilies:
@@ -109,6 +110,12 @@ class _ChannelFamilies:
             " none (0: it fetched, or nothing was waiting).",
             labels=labels,
         )
+        on_broker = GaugeMetricFamily(
+            "dlo_dead_letters_on_broker_messages",
+            "Dead letters on the broker in total, ingested or not (queue messages, XLEN, stream"
+            " messages): never add it to the not-yet-ingested depth (docs/health.md).",
+            labels=[*labels, "role"],
+        )
         return cls(
             depth,
             in_flight,
@@ -122,6 +129,7 @@ class _ChannelFamilies:
             unresolved,
             unresolved_age,
             stalled,
+            on_broker,
         )
 
 
@@ -144,6 +152,8 @@ def _exported_channels() -> list[Any]:
             "health__lag_s",
             "health__dlq_depth",
             "health__poison_depth",
+            "health__dlq_retained",
+            "health__poison_retained",
             "health__last_sample_at",
             "health__updated_at",
             "health__ingest_stalled",
@@ -209,6 +219,9 @@ class DloCollector:
             ):
                 if value is not None:
                     f.depth.add_metric([*lv, role], value)
+            for role, value in (("dlq", h.dlq_retained), ("poison", h.poison_retained)):
+                if value is not None:
+                    f.on_broker.add_metric([*lv, role], value)
             for family, value in (
                 (f.in_flight, h.in_flight),
                 (f.consumers, h.consumers),

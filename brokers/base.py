@@ -148,6 +148,10 @@ class PollResult:
     round_trips: int
     duration_s: float
     errors: list[str] = dataclasses.field(default_factory=list)
+    #: What this poll could not measure on any address, why, and how to get it ("over AMQP
+    #: only: in-flight and rates unknown; enable the management plugin and declare its URL").
+    #: Shown beside every channel's state; empty when the broker told everything.
+    limits: list[str] = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass
@@ -321,6 +325,9 @@ class BrokerAdapter(abc.ABC):
     #: This dashboard's stable id; durable state the adapter creates on a shared broker is named
     #: after it (NATS drain consumers), so two dashboards do not share one consumer.
     installation_id: str = ""
+    #: A consumer silent (no delivery, ack or pull) for longer than this no longer counts as
+    #: attached, where the broker counts consumers by activity (Redis, NATS pull consumers).
+    active_idle_s: float = 60.0
 
     def __init__(
         self,

@@ -256,8 +256,26 @@ def drain_consumer_name(address: Address, installation: str = "") -> str:
 
 
 def _stats(
-    address: Address, stream: dict[str, Any], consumer: dict[str, Any] | None
+    address: Address,
+    stream: dict[str, Any],
+    consumer: dict[str, Any] | None,
+    active_idle_s: float = 60.0,
 ) -> ChannelStats:
+    """One sample (docs/health.md, "NATS JetStream"):
+
+    1. ``backlog`` is ``num_pending``, ``in_flight`` ``num_ack_pending``; ``delivered`` the
+       highest stream sequence delivered, the consumer's position (redeliveries do not move it).
+    2. ``acked`` stays unknown: the ack *floor* stops at the first message waiting for a retry
+       (``nak`` with a delay) while the consumer acks everything after it, so it is not a
+       count of acknowledgements; health judges progress by ``delivered`` instead.
+    3. ``redelivered`` is counted as deliveries minus new messages delivered (consumer
+       sequence minus stream sequence) where that holds: an unfiltered consumer delivering
+       from the stream's start. Elsewhere unknown: ``num_redelivered`` is a gauge (messages
+       pending that were delivered more than once), not the counter the contract asks for.
+    4. ``consumers``: a push consumer is bound or not; a pull consumer has at least one client
+       while a pull request waits or it delivered or had an ack within ``active_idle_s``,
+       else none (a pull consumer has no subscription the server could count).
+    """
     state = stream.get("state") or {}
     messages = _int_or_none(state.get("messages"))
     first_ts = _parse_ts(state.get("first_ts"))
@@ -280,14 +298,26 @@ def _stats(
     ack_floor = consumer.get("ack_floor") or {}
     sample.backlog = _int_or_none(consumer.get("num_pending"))
     sample.in_flight = _int_or_none(consumer.get("num_ack_pending"))
-    sample.redelivered = _int_or_none(consumer.get("num_redelivered"))
     sample.delivered = _int_or_none(delivered.get("stream_seq"))
-    sample.acked = _int_or_none(ack_floor.get("stream_seq"))
+    consumer_seq = _int_or_none(delivered.get("consumer_seq"))
+    if (
+        consumer_seq is not None
+        and sample.delivered is not None
+        and config.get("deliver_policy", "all") == "all"
+        and not config.get("filter_subject")
+        and not config.get("filter_subjects")
+        and consumer_seq >= sample.delivered
+    ):
+        sample.redelivered = consumer_seq - sample.delivered
     if config.get("deliver_subject"):
         # Push consumer: push_bound says whether anyone subscribes to its deliver subject.
         sample.consumers = 1 if consumer.get("push_bound") else 0
-    elif (_int_or_none(consumer.get("num_waiting")) or 0) > 0:
-        sample.consumers = 1  # a waiting pull request proves a live client, not how many
+    else:
+        # A waiting pull request, or a delivery or an ack lately, proves a live client.
+        active = [_parse_ts(delivered.get("last_active")), _parse_ts(ack_floor.get("last_active"))]
+        recent = any(t is not None and now - t < active_idle_s for t in active)
+        waiting_pulls = _int_or_none(consumer.get("num_waiting")) or 0
+        sample.consumers = 1 if waiting_pulls > 0 or recent else 0
     sample.active_consumers = sample.consumers
     first_seq = _int_or_none(state.get("first_seq"))
     unfiltered = not config.get("filter_subject") and not config.get("filter_subjects")
@@ -722,15 +752,24 @@ class NatsJetStreamAdapter(BrokerAdapter):
             if stream is None:
                 stats[address] = ChannelStats(address=address, exists=False)
             else:
-                stats[address] = _stats(address, stream, consumer)
+                stats[address] = _stats(address, stream, consumer, self.active_idle_s)
         return PollResult(
             stats=stats, round_trips=requests, duration_s=time.perf_counter() - started
         )
 
     def poll(self, addresses: Sequence[Address]) -> PollResult:
+        """Through the monitoring port when one is declared; when it does not answer (port
+        closed, server started without ``-m``), through the JetStream API, which tells the
+        same per address at more requests, with the reason in ``errors``."""
         started = time.perf_counter()
+        fallback: list[str] = []
         if self.management_url and addresses:
-            return self._poll_jsz(addresses, started)
+            try:
+                return self._poll_jsz(addresses, started)
+            except BrokerError as exc:
+                if exc.permanent:
+                    raise
+                fallback.append(f"monitoring port: {exc}; polled through the JetStream API")
 
         async def work(nc: NATS) -> PollResult:
             api = _Api(nc, self.timeout, self.max_in_flight)
@@ -743,17 +782,26 @@ class NatsJetStreamAdapter(BrokerAdapter):
                 if stream is None:
                     stats[address] = ChannelStats(address=address, exists=False)
                 else:
-                    stats[address] = _stats(address, stream, consumers.get(address))
+                    stats[address] = _stats(
+                        address, stream, consumers.get(address), self.active_idle_s
+                    )
             return PollResult(
-                stats=stats, round_trips=api.requests, duration_s=time.perf_counter() - started
+                stats=stats,
+                round_trips=api.requests,
+                duration_s=time.perf_counter() - started,
+                errors=fallback,
             )
 
         return _run_once(self._with_connection(work, "poll"))
 
     def inspect(self, addresses: Sequence[Address]) -> dict[Address, Topology]:
         if self.management_url and addresses:
-            found, _requests = self._jsz_collect(addresses)
-            return {a: _topology(a, *found[a]) for a in addresses}
+            try:
+                found, _requests = self._jsz_collect(addresses)
+                return {a: _topology(a, *found[a]) for a in addresses}
+            except BrokerError as exc:
+                if exc.permanent:
+                    raise  # else: the JetStream API below tells the same
 
         async def work(nc: NATS) -> dict[Address, Topology]:
             if not addresses:

@@ -227,14 +227,43 @@ class RabbitMQAdapter(BrokerAdapter):
     # -- poll ----------------------------------------------------------------------------
 
     def poll(self, addresses: Sequence[Address]) -> PollResult:
+        """Steps: 1. the declared HTTP path (Prometheus or management API); 2. when it is not
+        declared, or does not answer (plugin disabled, port closed), AMQP passive declares,
+        with ``limits`` saying what that cannot see and how to get it; a refusal that will
+        not change (bad credentials) is raised, never hidden behind the fallback."""
         started = time.monotonic()
-        if self._prometheus_urls:
-            stats, trips, errors = self._poll_prometheus(addresses)
-        elif self._api_base:
-            stats, trips, errors = self._poll_management(addresses)
-        else:
-            stats, trips, errors = self._poll_passive(addresses)
-        return PollResult(stats, trips, time.monotonic() - started, errors)
+        limits: list[str] = []
+        http_error: BrokerError | None = None
+        try:
+            if self._prometheus_urls:
+                stats, trips, errors = self._poll_prometheus(addresses)
+                limits.append(
+                    "Polled through the Prometheus endpoint: publish, deliver and ack rates are"
+                    " unknown (the plugin reports them per channel only). Declare the"
+                    " management API URL (http://host:15672) on the broker to read them."
+                )
+                return PollResult(stats, trips, time.monotonic() - started, errors, limits)
+            if self._api_base:
+                stats, trips, errors = self._poll_management(addresses)
+                return PollResult(stats, trips, time.monotonic() - started, errors)
+        except BrokerError as exc:
+            if exc.permanent:
+                raise
+            http_error = exc
+        stats, trips, errors = self._poll_passive(addresses)
+        why = (
+            "no management URL is declared"
+            if http_error is None
+            else f"the management URL did not answer: {http_error}"
+        )
+        if http_error is not None:
+            errors.append(f"management API: {http_error}; polled over AMQP instead")
+        limits.append(
+            f"Polled over AMQP only ({why}): in-flight, publish/deliver/ack rates and"
+            " redeliveries are unknown, so traffic, stalls and dead-letter inflow cannot be"
+            " judged. Enable the rabbitmq_management plugin and declare its URL on the broker."
+        )
+        return PollResult(stats, trips, time.monotonic() - started, errors, limits)
 
     def _poll_prometheus(
         self, addresses: Sequence[Address]
@@ -403,12 +432,24 @@ class RabbitMQAdapter(BrokerAdapter):
     # -- inspect -------------------------------------------------------------------------
 
     def inspect(self, addresses: Sequence[Address]) -> dict[Address, Topology]:
-        if not self._api_base:
+        """The topology through the management API; without it (not declared, or not
+        answering) only existence, over AMQP: every other field stays unknown."""
+        queues: dict[str, dict[str, Any]] = {}
+        consumers: dict[str, list[dict[str, Any]]] = {}
+        errors: list[str] = []
+        reachable = False
+        if self._api_base:
+            try:
+                with self._http() as client:
+                    queues, _trips, errors = self._list_queues(client, _INSPECT_COLUMNS)
+                    consumers = self._list_consumers(client)
+                reachable = True
+            except BrokerError as exc:
+                if exc.permanent:
+                    raise
+        if not reachable:
             declared, _ = self._passive_declare_all(addresses)
             return {a: Topology(a, exists=ok) for a, (ok, _f, _t) in declared.items()}
-        with self._http() as client:
-            queues, _trips, errors = self._list_queues(client, _INSPECT_COLUMNS)
-            consumers = self._list_consumers(client)
         result: dict[Address, Topology] = {}
         for address in addresses:
             q = queues.get(address.name)

@@ -14,7 +14,14 @@ Design choices:
 3. Counters (produced, acked, redelivered...) are monotonic; a decrease is a broker restart,
    counted as a reset (progress = the new value), never as negative progress.
 4. ``None`` is unknown: a rule that needs an unknown value does not fire, and the evidence says
-   what could not be measured instead of pretending it was zero.
+   what could not be measured instead of pretending it was zero. Without any traffic counter
+   (produced, delivered, acked) nothing is claimed about traffic: no IDLE, no "steady" OK, but
+   UNKNOWN with the reason (docs/health.md).
+5. Progress is acknowledgements where the broker counts them, else deliveries of new messages:
+   a consumer that retries one message later (NATS ``nak`` with a delay, a message parked in a
+   retry queue) keeps consuming, and that is progress.
+6. ``stall_s`` (how long without progress before STALLED / STOPPED) and ``window_s`` (the
+   trend window) come from the caller: the poller passes the settings, the tests short ones.
 """
 
 from __future__ import annotations
@@ -244,6 +251,8 @@ def evaluate(
     now: float,
     stale_after_s: float,
     unresolved: Unresolved | None = None,
+    stall_s: float = STALL_MIN_S,
+    window_s: float = WINDOW_S,
 ) -> Assessment:
     """Assess the channel from ``points`` (oldest first) at time ``now``.
 
@@ -256,7 +265,7 @@ def evaluate(
     if early is not None:
         return early
     # 2. The window.
-    w = _measure(points, now=now)
+    w = _measure(points, now=now, stall_s=stall_s, window_s=window_s)
     result = Assessment(HealthState.OK, lag_s=w.lag_s)
     # 3. Dead letters (secondary flags, independent of the primary state).
     result.dlq_flags, dlq_evidence = _dlq_flags(
@@ -291,6 +300,17 @@ class _Window:
     ack_rate: float | None
     backlog: int | None
     lag_s: float | None
+    #: Seconds without progress after which a consumer counts as stalled / stopped.
+    stall_s: float = STALL_MIN_S
+    #: Seconds the progress counter (acks, else deliveries) has not moved; None if unknown.
+    quiet_s: float | None = None
+    #: Whether the broker reports any traffic counter (produced, delivered, acked) at all.
+    traffic_known: bool = True
+
+    @property
+    def stuck(self) -> bool:
+        """No progress for at least the stall window."""
+        return self.quiet_s is not None and self.quiet_s >= self.stall_s
 
     @property
     def waiting(self) -> int:
@@ -316,10 +336,12 @@ def _freshness(points: Sequence[Point], *, now: float, stale_after_s: float) -> 
     return None
 
 
-def _measure(points: Sequence[Point], *, now: float) -> _Window:
-    """Step 2: trend, counters and lag over the last ``WINDOW_S`` of existing samples."""
+def _measure(
+    points: Sequence[Point], *, now: float, stall_s: float = STALL_MIN_S, window_s: float = WINDOW_S
+) -> _Window:
+    """Step 2: trend, counters and lag over the last ``window_s`` of existing samples."""
     last = points[-1]
-    window = [p for p in points if p.t >= now - WINDOW_S and p.exists]
+    window = [p for p in points if p.t >= now - window_s and p.exists]
     span = window[-1].t - window[0].t if len(window) > 1 else 0.0
     backlog_series = [(p.t, float(p.backlog)) for p in window if p.backlog is not None]
     slope = theil_sen(backlog_series) if len(backlog_series) >= MIN_POINTS else None
@@ -330,6 +352,9 @@ def _measure(points: Sequence[Point], *, now: float) -> _Window:
     redelivered = counter_progress([p.redelivered for p in window])
     delivered = counter_progress([p.delivered for p in window])
     ack_rate = acks / span if acks is not None and span > 0 else None
+    # How long the progress counter (acks, else deliveries) has not moved: a consumer that
+    # worked for nine minutes and hung for two has stalled, whatever the trend window says.
+    quiet_s = _quiet_span(window, "acked" if last.acked is not None else "delivered")
     backlog = last.backlog
     lag_s = last.oldest_age_s
     if lag_s is None and backlog is not None and ack_rate:
@@ -347,7 +372,26 @@ def _measure(points: Sequence[Point], *, now: float) -> _Window:
         ack_rate=ack_rate,
         backlog=backlog,
         lag_s=lag_s,
+        stall_s=stall_s,
+        quiet_s=quiet_s,
+        traffic_known=any(
+            getattr(last, name) is not None for name in ("produced", "delivered", "acked")
+        ),
     )
+
+
+def _quiet_span(window: Sequence[Point], field: str) -> float | None:
+    """Seconds since ``field`` (a monotonic counter) last changed, over ``window``."""
+    values = [(p.t, getattr(p, field)) for p in window if getattr(p, field) is not None]
+    if len(values) < 2:
+        return None
+    last_t, last_v = values[-1]
+    start = last_t
+    for t, v in reversed(values[:-1]):
+        if v != last_v:
+            break
+        start = t
+    return last_t - start
 
 
 def _primary_state(
@@ -401,28 +445,29 @@ def _stuck_state(
         else:
             evidence.append(f"{fmt_int(backlog)} messages waiting and no active consumer.")
         return HealthState.STOPPED
-    if (
-        (last.active_consumers or last.consumers or 0) > 0
-        and waiting > 0
-        and w.acks == 0
-        and span >= STALL_MIN_S
-    ):
+    if (last.active_consumers or last.consumers or 0) > 0 and waiting > 0 and w.stuck:
         evidence.append(
             f"{fmt_int(last.active_consumers or last.consumers)} consumer(s) attached but no"
-            f" message acknowledged in {fmt_duration(span)} ({fmt_int(waiting)} waiting)."
+            f" message acknowledged in {fmt_duration(w.quiet_s)} ({fmt_int(waiting)} waiting)."
         )
         return HealthState.STALLED
     if (
         last.consumers is None
         and last.active_consumers is None
-        and w.acks == 0
-        and (w.produced or 0) > 0
-        and span >= STALL_MIN_S
+        and w.stuck
+        and (waiting > 0 or (w.produced or 0) > 0)
     ):
-        evidence.append(
-            f"{fmt_int(w.produced)} messages produced in {fmt_duration(span)} and none"
-            " acknowledged."
-        )
+        if waiting > 0:
+            evidence.append(
+                f"{fmt_int(waiting)} messages waiting and none consumed in"
+                f" {fmt_duration(w.quiet_s)}; the broker does not say whether a consumer is"
+                " attached."
+            )
+        else:
+            evidence.append(
+                f"{fmt_int(w.produced)} messages produced in {fmt_duration(span)} and none"
+                " acknowledged."
+            )
         return HealthState.STOPPED
     return None
 
@@ -455,7 +500,23 @@ def _trend_state(
             f" over {fmt_duration(span)}"
         )
         return HealthState.CATCHING_UP
+    if not w.traffic_known:
+        # No rates, no acks, no positions: busy, idle and stalled look the same from here.
+        level = "unknown" if backlog is None else f"{fmt_int(backlog)}, steady"
+        evidence.append(
+            f"Traffic unknown: the broker reports no rates or acknowledgements for this"
+            f" address, so idle, busy and stalled cannot be told apart (backlog {level})."
+        )
+        return HealthState.UNKNOWN
     if w.waiting == 0 and not w.produced and not w.acks and backlog is not None:
+        if w.span < w.stall_s:
+            # Counters that move in steps (RabbitMQ's statistics: every 5 s) stand still over
+            # a short history: that is not yet evidence of no traffic.
+            evidence.append(
+                f"Nothing waiting; no traffic seen in the {fmt_duration(w.span)} sampled so far,"
+                f" too short to call it idle (needs {fmt_duration(w.stall_s)})."
+            )
+            return HealthState.UNKNOWN
         evidence.append("Nothing waiting and no traffic in the window.")
         return HealthState.IDLE
     if backlog is None:

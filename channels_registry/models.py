@@ -751,8 +751,13 @@ class ChannelHealth(models.Model):
     active_consumers = models.IntegerField(null=True)
     oldest_age_s = models.FloatField(null=True)
     lag_s = models.FloatField(null=True)
+    # Dead letters on the broker, not yet ingested (docs/health.md, "Dead-letter numbers").
     dlq_depth = models.BigIntegerField(null=True)
     poison_depth = models.BigIntegerField(null=True)
+    # On the broker in total (queue messages, XLEN, stream messages), ingested or not; NULL
+    # where the broker keeps no DLQ of its own (NATS advisory capture alone).
+    dlq_retained = models.BigIntegerField(null=True)
+    poison_retained = models.BigIntegerField(null=True)
     # Stored dead letters not yet replayed or discarded (see ``health.Unresolved``), counted by
     # every poll; NULL when the channel declares no DLQ or poison address.
     dlq_unresolved = models.BigIntegerField(null=True)

@@ -134,6 +134,8 @@ def compare(channel: Any, topology: dict[str, Any] | None) -> list[dict[str, Any
                 "Create the queue/stream/consumer, or correct the declared address.",
             )
         ]
+    if all(topology.get(name) is None for name in _CHECKED_FIELDS):
+        return [_unchecked(channel)]
     return (
         _no_dead_letter_exchange(channel, topology)
         + _retry_budget(channel, topology)
@@ -142,6 +144,44 @@ def compare(channel: Any, topology: dict[str, Any] | None) -> list[dict[str, Any
         + _in_flight(channel, topology)
         + _ack_timeout(channel, topology)
         + _retention(channel, topology)
+    )
+
+
+#: The topology fields the comparisons read; all unknown means nothing could be compared.
+_CHECKED_FIELDS = (
+    "kind",
+    "dead_letter_target",
+    "delivery_limit",
+    "dead_letter_strategy",
+    "overflow",
+    "ack_policy",
+    "max_ack_pending",
+    "prefetch",
+    "ack_timeout_s",
+    "retention_s",
+    "retention_count",
+)
+
+
+def _unchecked(channel: Any) -> dict[str, Any]:
+    """The address exists, and that is all the broker would say: nothing was compared, and
+    the page must not read "matches the declaration"."""
+    broker = getattr(channel, "broker", None)
+    fix = (
+        "Enable the rabbitmq_management plugin and declare its URL (http://host:15672) on the"
+        " broker, so the queue's type, dead-lettering, limits and consumers can be read."
+        if getattr(broker, "kind", "") == "rabbitmq"
+        else "Give the poller access to the broker's configuration (management or monitoring"
+        " URL) on the broker declaration."
+    )
+    return _finding(
+        "observed.unchecked",
+        WARNING,
+        "P10",
+        f"Only the existence of {channel.address_display} could be read: its dead-letter"
+        " routing, retry limit, in-flight bound, ack timeout and retention were not checked"
+        " against the declaration.",
+        fix,
     )
 
 

@@ -166,6 +166,26 @@ def dead_letter_depth(
     return None, None
 
 
+def dead_letter_total(
+    addresses: Sequence[Address], stats: dict[Address, ChannelStats]
+) -> int | None:
+    """Dead letters on the broker in total, ingested or not: the declared DLQ / poison
+    queue's messages, the stream's XLEN or message count. None where the broker keeps no
+    dead-letter address of its own (NATS advisory capture alone) or did not say."""
+    for address in addresses:
+        if address.group or address.name == ADVISORY_STREAM:
+            continue
+        sample = stats.get(address)
+        if sample is None or not sample.exists:
+            continue
+        if sample.retained is not None:
+            return sample.retained
+        if sample.backlog is not None and sample.in_flight is not None:
+            return sample.backlog + sample.in_flight
+        return None
+    return None
+
+
 def missing_dead_letters(
     addresses: ChannelAddresses, stats: dict[Address, ChannelStats]
 ) -> list[str]:
@@ -251,6 +271,8 @@ def _call_broker(poll: _Poll) -> _Poll:
     try:
         url = broker.connection_url()
         adapter = get_adapter(broker.kind, url, **broker.adapter_options())
+        # A consumer silent for the stall window no longer counts as attached (Redis, NATS pull).
+        adapter.active_idle_s = float(settings.DLO_HEALTH_STALL_S)
         wanted = sorted({a for ca in poll.addresses.values() for a in ca.all()})
         poll.result = adapter.poll(wanted) if wanted else PollResult({}, 0, 0.0)
         poll.errors.extend(poll.result.errors)
@@ -495,7 +517,8 @@ def _store_sample(
     kept = {name: getattr(sample, name) for name in ROLLUP_FIELDS}
     rollup = ChannelRollup(channel=channel, minute=minute, **kept)
     window = [health.Point.from_list(v) for v in row.window or []]
-    window = [p for p in window if p.t >= now_s - health.WINDOW_S] + [point]
+    window_s = float(settings.DLO_HEALTH_WINDOW_S)
+    window = [p for p in window if p.t >= now_s - window_s] + [point]
     window = window[-WINDOW_MAX_POINTS:]
     assessment = health.evaluate(
         window,
@@ -504,15 +527,21 @@ def _store_sample(
         now=now_s,
         stale_after_s=stale_after_s(broker),
         unresolved=stored,
+        stall_s=float(settings.DLO_HEALTH_STALL_S),
+        window_s=window_s,
     )
     missing = result.stats.get(addresses.main)
     if missing is not None and not missing.exists and missing.missing:
         # Say what exactly is missing (a group, a consumer), not "the address does not exist".
         text = missing.missing[0].upper() + missing.missing[1:] + "."
         assessment.evidence = [text if "does not exist" in e else e for e in assessment.evidence]
+    # What the broker could not tell at all (no management API...) stands beside the state.
+    assessment.evidence.extend(result.limits)
     row.window = [p.as_list() for p in window]
     for name, value in kept.items():
         setattr(row, name, value)
+    row.dlq_retained = dead_letter_total(addresses.dlq, result.stats)
+    row.poison_retained = dead_letter_total(addresses.poison, result.stats)
     row.oldest_age_s = sample.oldest_message_age_s
     row.last_sample_at = now
     row.spark = _spark(row.spark or [], minute, sample.backlog)
@@ -704,6 +733,11 @@ def _sample(
     stats = result.stats.get(addresses.main)
     dlq_depth, dlq_age = dead_letter_depth(addresses.dlq, result.stats)
     poison_depth, _ = dead_letter_depth(addresses.poison, result.stats)
+    if any(a.name == ADVISORY_STREAM for a in addresses.dlq) and addresses.poison:
+        # NATS advisory capture ingests every death through its advisory, poison included;
+        # the declared poison stream holds copies of deaths counted there (or stored), so how
+        # many of them are not yet ingested is unknown: never counted twice.
+        poison_depth = None
     s = stats if stats is not None and stats.exists else None
     sample = ChannelSample(
         channel=channel,

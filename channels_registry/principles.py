@@ -202,6 +202,9 @@ WHY: dict[str, str] = {
     "address-missing": "The broker has no such queue, stream or consumer, so nothing about "
     "this channel is measured: its health would read as unknown while messages go elsewhere "
     "or nowhere.",
+    "unchecked": "Only the address's existence could be read, so none of the broker's "
+    "dead-lettering, limits or timeouts was compared with the declaration: a page saying it "
+    "matches would be a claim nobody checked.",
     "at-most-once-dead-lettering": "The broker's dead-lettering itself can lose the message "
     "(classic queues, or quorum queues without at-least-once dead-lettering), so a channel "
     "declared at-least-once can lose exactly the messages that failed.",

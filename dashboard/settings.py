@@ -274,6 +274,10 @@ DLO_BROKER_URL_ENV_ALLOW = env_list("DLO_BROKER_URL_ENV_ALLOW", "")
 DLO_BROKER_CREDENTIAL_HOSTS = env_list("DLO_BROKER_CREDENTIAL_HOSTS", "")
 # Brokers polled at the same time (threads per poll cycle), so a hung one delays no other.
 DLO_POLL_CONCURRENCY = env_int("DLO_POLL_CONCURRENCY", 8)
+# Health (docs/health.md): seconds without progress before STALLED / STOPPED (also how long a
+# consumer may stay silent and still count as attached), and the trend window.
+DLO_HEALTH_STALL_S = env_int("DLO_HEALTH_STALL_S", 60)
+DLO_HEALTH_WINDOW_S = env_int("DLO_HEALTH_WINDOW_S", 600)
 # Ids per dead-letter partition (PostgreSQL, ``dlq.partitions``): each holds that many entries'
 # worth of ingest time; retention drops a partition once all of it is past policy.
 DLO_DLQ_PARTITION_SIZE = env_int("DLO_DLQ_PARTITION_SIZE", 1_000_000)

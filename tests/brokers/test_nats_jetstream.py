@@ -135,8 +135,9 @@ def test_poll_samples_consumer_state_exactly(
     assert sample.retained == 10
     assert sample.produced == 10
     assert sample.delivered == 4
-    assert sample.acked == 2
-    assert sample.consumers is None  # a pull consumer with no waiting request: unknown
+    # The ack floor (2) is not a count of acks: a message waiting for a retry holds it.
+    assert sample.acked is None
+    assert sample.consumers == 1  # a pull consumer that delivered just now has a client
     assert sample.oldest_unacked_age_s is None
     stream_only = result.stats[Address(stream)]
     assert stream_only.retained == 10
@@ -484,7 +485,7 @@ def test_jsz_samples_equal_the_api_samples(private_nats: PrivateNats) -> None:
         assert _comparable(by_jsz.stats[address]) == _comparable(by_api.stats[address])
     work = by_jsz.stats[Address(stream, "work")]
     assert (work.backlog, work.in_flight, work.redelivered) == (6, 2, 1)
-    assert (work.retained, work.produced, work.delivered, work.acked) == (10, 10, 4, 2)
+    assert (work.retained, work.produced, work.delivered, work.acked) == (10, 10, 4, None)
     assert by_jsz.stats[Address(stream)].oldest_message_age_s is not None
     assert [by_jsz.stats[a].exists for a in addresses[3:]] == [False, False, False]
     assert by_jsz.stats[Address(stream, "nobody")].backlog is None
@@ -535,19 +536,30 @@ def test_jsz_account_filter_and_unknown_account(private_nats: PrivateNats) -> No
     assert caught.value.permanent is True
 
 
-def test_jsz_wrong_monitoring_port_is_a_transient_broker_error(
+def test_jsz_closed_monitoring_port_falls_back_to_the_jetstream_api(
     private_nats: PrivateNats,
 ) -> None:
+    """A monitoring port that does not answer (closed, or the server runs without ``-m``) is
+    not an outage: the JetStream API tells the same, and ``errors`` says why it was used."""
     adapter = NatsJetStreamAdapter(
         private_nats.url, management_url=f"http://127.0.0.1:{_free_port()}", timeout=2.0
     )
     started = time.monotonic()
+    result = adapter.poll([Address("S", "c")])
+    assert result.stats[Address("S", "c")].exists is False
+    assert any("monitoring port" in e and "JetStream API" in e for e in result.errors)
+    assert time.monotonic() - started < 10
+    assert adapter.inspect([Address("S", "c")])[Address("S", "c")].exists is False
+
+
+def test_jsz_closed_monitoring_port_and_no_server_is_a_transient_broker_error() -> None:
+    adapter = NatsJetStreamAdapter(
+        f"nats://127.0.0.1:{_free_port()}",
+        management_url=f"http://127.0.0.1:{_free_port()}",
+        timeout=2.0,
+    )
     with pytest.raises(BrokerError) as caught:
         adapter.poll([Address("S", "c")])
-    assert caught.value.permanent is False
-    assert time.monotonic() - started < 10
-    with pytest.raises(BrokerError) as caught:
-        adapter.inspect([Address("S", "c")])
     assert caught.value.permanent is False
 
 

@@ -208,8 +208,8 @@ def test_poll_round_trips_do_not_grow_with_queue_count(rabbit_queue: Callable[..
     ("url", "management"),
     [
         ("amqp://guest:guest@127.0.0.1:1/%2F", None),
-        ("amqp://guest:guest@127.0.0.1:5672/%2F", "http://guest:guest@127.0.0.1:1"),
-        ("amqp://guest:guest@127.0.0.1:5672/%2F", "http://127.0.0.1:1/metrics"),
+        ("amqp://guest:guest@127.0.0.1:1/%2F", "http://guest:guest@127.0.0.1:1"),
+        ("amqp://guest:guest@127.0.0.1:1/%2F", "http://127.0.0.1:1/metrics"),
     ],
 )
 def test_unreachable_broker_is_a_transient_error(url: str, management: str | None) -> None:
@@ -217,6 +217,22 @@ def test_unreachable_broker_is_a_transient_error(url: str, management: str | Non
     with pytest.raises(BrokerError) as info:
         adapter.poll([Address("anything")])
     assert info.value.permanent is False
+
+
+@pytest.mark.parametrize(
+    "management", ["http://guest:guest@127.0.0.1:1", "http://127.0.0.1:1/metrics"]
+)
+def test_management_url_not_answering_falls_back_to_amqp_and_says_what_is_unknown(
+    management: str, rabbit_available: None
+) -> None:
+    """The plugin disabled or the port closed is not an outage of the broker: the queues are
+    read over AMQP, and ``limits`` names what that cannot see and how to get it."""
+    adapter = RabbitMQAdapter(AMQP_URL, management_url=management, timeout=2.0)
+    result = adapter.poll([Address(f"dlo-absent-{uuid.uuid4().hex[:8]}")])
+    assert [s.exists for s in result.stats.values()] == [False]
+    assert any("polled over AMQP instead" in e for e in result.errors)
+    assert len(result.limits) == 1 and "Enable the rabbitmq_management plugin" in result.limits[0]
+    assert "did not answer" in result.limits[0]
 
 
 def test_unreachable_broker_ping_is_transient() -> None:

@@ -246,3 +246,56 @@ def test_fewer_consumers_than_declared_minimum_is_evidence() -> None:
 def test_theil_sen_thins_long_series_without_losing_the_trend() -> None:
     series = [(float(i), 3.0 * i + (500.0 if i == 50 else 0.0)) for i in range(200)]
     assert theil_sen(series) == pytest.approx(3.0)
+
+
+# --- issue 22: the board tells the truth (docs/health.md) -----------------------------------
+
+
+def test_progress_without_an_ack_count_is_deliveries_so_a_delayed_retry_is_not_a_stall() -> None:
+    """NATS: the ack floor stops at a message nak'd with a delay; the adapter reports acked as
+    unknown and the delivered stream sequence moves: that is a healthy consumer."""
+    points = history(
+        backlog=2,
+        in_flight=6,
+        delivered=lambda i: 100 + 20 * i,
+        produced=lambda i: 102 + 20 * i,
+        consumers=1,
+        active_consumers=1,
+    )
+    result = assess(points)
+    assert result.state == HealthState.OK, result.evidence
+    assert result.lag_s == pytest.approx(1.5)  # 2 waiting at 1.3 msg/s, not minutes
+
+
+def test_a_consumer_that_worked_then_hung_is_stalled_after_the_stall_window() -> None:
+    """Nine minutes of acks, then none for two: STALLED, whatever the 10-minute window holds."""
+    points = history(backlog=50, acked=lambda i: min(i, 33) * 10, **HEALTHY)
+    result = assess(points)
+    assert result.state == HealthState.STALLED
+    assert "no message acknowledged in 2 min" in result.evidence[0]
+    short = evaluate(points, THRESHOLDS, now=NOW, stale_after_s=60, stall_s=150)
+    assert short.state != HealthState.STALLED
+
+
+def test_no_traffic_counter_is_unknown_never_idle() -> None:
+    """RabbitMQ over AMQP alone: backlog and consumers, no rates. Nothing can be said about
+    traffic: UNKNOWN with the reason, not "Nothing waiting and no traffic"."""
+    points = history(backlog=0, consumers=1)
+    result = assess(points)
+    assert result.state == HealthState.UNKNOWN
+    assert result.evidence[0].startswith("Traffic unknown")
+
+
+def test_idle_needs_a_history_as_long_as_the_stall_window() -> None:
+    points = history(3, backlog=0, in_flight=0, produced=7, acked=7, consumers=1)
+    assert assess(points).state == HealthState.UNKNOWN  # 30 s of stillness is not idle yet
+    assert assess(history(8, backlog=0, in_flight=0, produced=7, acked=7)).state == (
+        HealthState.IDLE
+    )
+
+
+def test_stopped_when_consumers_are_unknown_and_nothing_is_consumed_while_messages_wait() -> None:
+    points = history(backlog=40, delivered=500, produced=lambda i: 500 + i)
+    result = assess(points)
+    assert result.state == HealthState.STOPPED
+    assert "none consumed" in result.evidence[0]

@@ -27,3 +27,13 @@ def test_observed_findings_have_the_declaration_checks_shape() -> None:
 
 def test_nothing_observed_yet_is_no_finding() -> None:
     assert observed.compare(_Channel(), None) == []
+
+
+def test_a_topology_with_nothing_but_existence_says_what_was_not_checked() -> None:
+    """RabbitMQ over AMQP alone: the queue exists, nothing else is known. Not "matches the
+    declaration": a finding naming what was not compared and how to read it."""
+    channel = _Channel()
+    channel.broker = type("B", (), {"kind": "rabbitmq"})()  # type: ignore[attr-defined]
+    findings = observed.compare(channel, {"address": "orders", "exists": True})
+    assert [f["code"] for f in findings] == ["observed.unchecked"]
+    assert "rabbitmq_management" in findings[0]["fix"]

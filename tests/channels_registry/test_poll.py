@@ -454,7 +454,8 @@ def test_nats_poll_samples_pending_and_ack_pending(nats_stream: str) -> None:
     assert outcome.status == "ok", outcome.errors
     sample = ChannelSample.objects.get(channel=channel)
     assert (sample.backlog, sample.in_flight, sample.retained) == (4, 2, 6)
-    assert (sample.delivered, sample.acked) == (2, 0)
+    # acked unknown: JetStream's ack floor is not a count of acknowledgements (docs/health.md)
+    assert (sample.delivered, sample.acked, sample.consumers) == (2, None, 1)
     health = ChannelHealth.objects.get(channel=channel)
     codes = {f["code"] for f in health.observed_findings}
     assert codes == {
@@ -501,3 +502,32 @@ def test_sample_rollup_and_health_row_keep_the_same_measurements(
         assert getattr(rollup, name) == getattr(health, name) == getattr(sample, name), name
     assert rollup.poison_depth is None and health.poison_depth is None
     assert health.oldest_age_s == sample.oldest_message_age_s == expected["oldest_message_age_s"]
+
+
+def test_rabbitmq_without_management_api_says_what_is_unknown_and_how_to_see_it(
+    amqp: Any, rabbit_broker: Any, viewer: Any
+) -> None:
+    """Issue 22 item 2: over AMQP alone a busy queue is not IDLE and does not "match the
+    declaration": in-flight and the DLQ's total are unknown, the state is UNKNOWN, and the
+    page names the fix."""
+    queue, dlq = _queue(amqp, 0), _queue(amqp, 2)
+    channel = make_channel(rabbit_broker, address=queue, dlq_address=dlq, poison_address="")
+    consumer_connection = pika.BlockingConnection(pika.URLParameters(RABBIT_URL))
+    consumer_connection.channel().basic_consume(queue, lambda *a: None, auto_ack=False)
+    consumer_connection.process_data_events(time_limit=0.2)
+    try:
+        outcome = do_poll_broker(rabbit_broker.pk)
+    finally:
+        consumer_connection.close()
+
+    assert outcome.status == "ok", outcome.errors
+    health = ChannelHealth.objects.get(channel=channel)
+    assert health.state == HealthState.UNKNOWN
+    assert health.evidence[0].startswith("Traffic unknown")
+    assert any("Enable the rabbitmq_management plugin" in e for e in health.evidence)
+    assert (health.in_flight, health.dlq_depth, health.dlq_retained) == (None, 2, None)
+    assert [f["code"] for f in health.observed_findings] == ["observed.unchecked"]
+    page = client_for(viewer).get(f"/channels/{channel.slug}/").content.decode()
+    assert "Polled over AMQP only (no management URL is declared)" in page
+    assert "matches the declaration" not in page
+    assert "on the broker, not yet ingested" in page and "on the broker in total" in page

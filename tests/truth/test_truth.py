@@ -1,0 +1,44 @@
+"""The board tells the truth: every scenario of the harness (``tests/truth/harness.py``) on
+every broker it applies to, the brokers of one scenario side by side, with short stall windows
+so the suite stays fast (docs/health.md, "Ground truth")."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.conftest import broker_required
+from tests.truth import harness
+
+pytestmark = [pytest.mark.broker, pytest.mark.django_db]
+
+
+@pytest.fixture
+def brokers_up() -> None:
+    import pika
+    import redis
+
+    from tests.truth import traffic
+
+    try:
+        pika.BlockingConnection(pika.URLParameters(traffic.RABBIT_URL)).close()
+        redis.Redis.from_url(traffic.REDIS_URL).ping()
+    except Exception as exc:
+        broker_required("RabbitMQ / Redis", exc)
+
+
+def _table(outcomes: list[harness.Outcome]) -> str:
+    return "\n".join(
+        f"{o.scenario} on {o.kind}: expected {o.expected}, observed {o.observed_summary}"
+        + (f", detected in {o.detected_s:.1f} s" if o.detected_s is not None else "")
+        + (f"; {o.problems}" if o.problems else "")
+        for o in outcomes
+    )
+
+
+@pytest.mark.parametrize(
+    "name",
+    [pytest.param(s.name, marks=[pytest.mark.slow] if s.slow else []) for s in harness.SCENARIOS],
+)
+def test_board_agrees_with_the_broker(name: str, brokers_up: None) -> None:
+    outcomes = harness.run_scenarios(harness.scenario(name))
+    assert all(o.agrees for o in outcomes), _table(outcomes)

@@ -1,0 +1,461 @@
+"""Real traffic for the truth scenarios: producers and consumers on the real brokers, each on
+its own thread with its own connection (pika, redis-py, nats-py), as an application runs them.
+
+Every worker is bounded: it stops when asked (``stop``) or after ``MAX_RUN_S``, and whatever it
+created is deleted by ``Traffic.cleanup``. Consumer behaviours (``mode``):
+
+- ``ack``: acknowledge every message; ``slow``: the same, ``delay_s`` per message;
+- ``retry``: acknowledge all but every ``retry_every``-th, the very first one included (so a
+  JetStream ack floor never moves: the issue's case), retried later the broker's way
+  (RabbitMQ: rejected into a TTL retry queue that dead-letters back; Redis: left pending and
+  claimed later with XAUTOCLAIM; NATS: ``nak`` with a 300 s delay);
+- ``hang``: take a full prefetch and never acknowledge it, connection kept open;
+- ``poison``: reject every message back to the queue at once (requeue / nak / re-claim).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import nats
+import nats.errors
+import nats.js.errors
+import pika
+import redis
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+
+RABBIT_URL = "amqp://guest:guest@127.0.0.1:5672/%2F"
+RABBIT_MGMT = "http://guest:guest@127.0.0.1:15672"
+REDIS_URL = "redis://127.0.0.1:6379/0"
+NATS_URL = "nats://127.0.0.1:4222"
+MAX_RUN_S = 1800.0  # past the longest soak: a worker never ends inside a scenario
+GROUP = "workers"
+
+
+def unique(prefix: str) -> str:
+    return f"truth-{prefix}-{uuid.uuid4().hex[:10]}"
+
+
+class Worker:
+    """A thread running ``body(stop_event)``; ``stop()`` asks it to end and waits (bounded)."""
+
+    def __init__(self, body: Callable[[threading.Event], None], name: str) -> None:
+        self.stop_event = threading.Event()
+        self.error: BaseException | None = None
+
+        def run() -> None:
+            try:
+                body(self.stop_event)
+            except BaseException as exc:  # reported by the scenario, never swallowed
+                self.error = exc
+
+        self.thread = threading.Thread(target=run, name=name, daemon=True)
+        self.thread.start()
+
+    def stop(self, wait_s: float = 10.0) -> None:
+        self.stop_event.set()
+        self.thread.join(wait_s)
+
+
+class Traffic:
+    """The producers and consumers of one scenario, and the broker objects it created."""
+
+    def __init__(self) -> None:
+        self.workers: list[Worker] = []
+        self.cleanups: list[Callable[[], None]] = []
+
+    def start(self, body: Callable[[threading.Event], None], name: str) -> Worker:
+        worker = Worker(body, name)
+        self.workers.append(worker)
+        return worker
+
+    def errors(self) -> list[str]:
+        return [f"{w.thread.name}: {w.error!r}" for w in self.workers if w.error is not None]
+
+    def cleanup(self) -> None:
+        for worker in self.workers:
+            worker.stop()
+        for clean in reversed(self.cleanups):
+            with contextlib.suppress(Exception):
+                clean()
+
+
+def _deadline() -> float:
+    return time.monotonic() + MAX_RUN_S
+
+
+# --- RabbitMQ ---------------------------------------------------------------------------------
+
+
+class Rabbit:
+    """A work queue with a DLQ and a poison queue (classic queues, DLX to the DLQ) and, for the
+    retry scenario, a TTL retry queue that dead-letters back into the work queue."""
+
+    def __init__(self, traffic: Traffic) -> None:
+        self.queue, self.dlq, self.poison = unique("q"), unique("dlq"), unique("poison")
+        self.retry = self.queue + ".retry"
+        connection = pika.BlockingConnection(pika.URLParameters(RABBIT_URL))
+        channel = connection.channel()
+        channel.queue_declare(self.dlq, durable=False)
+        channel.queue_declare(self.poison, durable=False)
+        channel.queue_declare(
+            self.queue,
+            arguments={
+                "x-queue-type": "classic",
+                "x-dead-letter-exchange": "",
+                "x-dead-letter-routing-key": self.retry,
+            },
+        )
+        channel.queue_declare(
+            self.retry,
+            arguments={
+                "x-message-ttl": 1000,
+                "x-dead-letter-exchange": "",
+                "x-dead-letter-routing-key": self.queue,
+            },
+        )
+        connection.close()
+
+        def delete() -> None:
+            c = pika.BlockingConnection(pika.URLParameters(RABBIT_URL))
+            ch = c.channel()
+            for name in (self.queue, self.retry, self.dlq, self.poison):
+                with contextlib.suppress(Exception):
+                    ch.queue_delete(name)
+            c.close()
+
+        traffic.cleanups.append(delete)
+        self.traffic = traffic
+
+    def produce(self, rate: float, queue: str | None = None) -> Worker:
+        target = queue or self.queue
+
+        def body(stop: threading.Event) -> None:
+            connection = pika.BlockingConnection(pika.URLParameters(RABBIT_URL))
+            channel = connection.channel()
+            end, n = _deadline(), 0
+            while not stop.is_set() and time.monotonic() < end:
+                channel.basic_publish("", target, f"m{n}".encode())
+                n += 1
+                connection.process_data_events(time_limit=1.0 / rate)
+            connection.close()
+
+        return self.traffic.start(body, f"rabbit-produce-{target}")
+
+    def burst(self, queue: str, count: int) -> None:
+        connection = pika.BlockingConnection(pika.URLParameters(RABBIT_URL))
+        channel = connection.channel()
+        for n in range(count):
+            channel.basic_publish("", queue, f"dead {n}".encode())
+        connection.close()
+
+    def consume(
+        self, mode: str = "ack", *, delay_s: float = 0.0, retry_every: int = 5, prefetch: int = 10
+    ) -> Worker:
+        def body(stop: threading.Event) -> None:
+            connection = pika.BlockingConnection(pika.URLParameters(RABBIT_URL))
+            channel = connection.channel()
+            channel.basic_qos(prefetch_count=prefetch)
+            seen = [0]
+
+            def on_message(ch: Any, method: Any, _props: Any, _body: bytes) -> None:
+                seen[0] += 1
+                if mode == "hang":
+                    return  # held unacknowledged while the connection stays open
+                if mode == "poison":
+                    connection.sleep(0.05)  # a hot loop, throttled for the shared machine
+                    ch.basic_nack(method.delivery_tag, requeue=True)
+                    return
+                if delay_s:
+                    connection.sleep(delay_s)
+                if mode == "retry" and seen[0] % retry_every == 1 and not method.redelivered:
+                    # Parked in the TTL retry queue, back in the work queue a second later.
+                    ch.basic_reject(method.delivery_tag, requeue=False)
+                    return
+                ch.basic_ack(method.delivery_tag)
+
+            channel.basic_consume(self.queue, on_message)
+            end = _deadline()
+            while not stop.is_set() and time.monotonic() < end:
+                connection.process_data_events(time_limit=0.2)
+            connection.close()  # killed: unacknowledged messages go back to the queue
+
+        return self.traffic.start(body, f"rabbit-consume-{mode}")
+
+    def truth(self) -> dict[str, int | None]:
+        """What the broker says now over AMQP (exact, not the 5 s statistics)."""
+        connection = pika.BlockingConnection(pika.URLParameters(RABBIT_URL))
+        channel = connection.channel()
+        main = channel.queue_declare(self.queue, passive=True).method
+        dlq = channel.queue_declare(self.dlq, passive=True).method
+        poison = channel.queue_declare(self.poison, passive=True).method
+        connection.close()
+        return {
+            "backlog": main.message_count,
+            "consumers": main.consumer_count,
+            "dlq_total": dlq.message_count,
+            "dlq_pending": dlq.message_count,
+            "poison_total": poison.message_count,
+        }
+
+
+# --- Redis streams ----------------------------------------------------------------------------
+
+
+class RedisStreams:
+    """A stream with the group ``workers``, a DLQ stream and a poison stream."""
+
+    def __init__(self, traffic: Traffic) -> None:
+        self.stream, self.dlq, self.poison = unique("s"), unique("dlq"), unique("poison")
+        client = redis.Redis.from_url(REDIS_URL)
+        client.xgroup_create(self.stream, GROUP, id="0", mkstream=True)
+        client.xadd(self.dlq, {"init": "1"})
+        client.xtrim(self.dlq, maxlen=0)
+        client.xadd(self.poison, {"init": "1"})
+        client.xtrim(self.poison, maxlen=0)
+        client.close()
+
+        def delete() -> None:
+            c = redis.Redis.from_url(REDIS_URL)
+            c.delete(self.stream, self.dlq, self.poison)
+            c.close()
+
+        traffic.cleanups.append(delete)
+        self.traffic = traffic
+
+    def produce(self, rate: float) -> Worker:
+        def body(stop: threading.Event) -> None:
+            client = redis.Redis.from_url(REDIS_URL)
+            end, n = _deadline(), 0
+            while not stop.is_set() and time.monotonic() < end:
+                client.xadd(self.stream, {"n": n})
+                n += 1
+                stop.wait(1.0 / rate)
+            client.close()
+
+        return self.traffic.start(body, "redis-produce")
+
+    def burst(self, stream: str, count: int) -> None:
+        client = redis.Redis.from_url(REDIS_URL)
+        for n in range(count):
+            client.xadd(stream, {"body": f"dead {n}", "reason": "burst"})
+        client.close()
+
+    def consume(
+        self, mode: str = "ack", *, delay_s: float = 0.0, retry_every: int = 5, prefetch: int = 10
+    ) -> Worker:
+        name = unique("consumer")
+
+        def body(stop: threading.Event) -> None:
+            client = redis.Redis.from_url(REDIS_URL)
+            end, n = _deadline(), 0
+            held = False
+            while not stop.is_set() and time.monotonic() < end:
+                if mode == "hang":
+                    if not held:
+                        client.xreadgroup(GROUP, name, {self.stream: ">"}, count=prefetch)
+                        held = True
+                    stop.wait(0.2)  # alive, holding its pending entries, reading nothing
+                    continue
+                if mode in ("retry", "poison"):
+                    # Claim what waited long enough (retry: a later attempt; poison: at once).
+                    idle = 1000 if mode == "retry" else 0
+                    _next, claimed, *_ = client.xautoclaim(
+                        self.stream, GROUP, name, min_idle_time=idle, count=prefetch
+                    )
+                    for entry_id, _fields in claimed:
+                        if mode == "retry":
+                            client.xack(self.stream, GROUP, entry_id)
+                    if mode == "poison" and claimed:
+                        stop.wait(0.1)
+                        continue
+                answer = client.xreadgroup(
+                    GROUP, name, {self.stream: ">"}, count=prefetch, block=200
+                )
+                for _stream, entries in answer or []:
+                    for entry_id, _fields in entries:
+                        n += 1
+                        if delay_s:
+                            stop.wait(delay_s)
+                        if mode == "poison" or (mode == "retry" and n % retry_every == 1):
+                            continue  # left pending: claimed again later
+                        client.xack(self.stream, GROUP, entry_id)
+            client.close()
+
+        return self.traffic.start(body, f"redis-consume-{mode}")
+
+    def truth(self) -> dict[str, int | None]:
+        client = redis.Redis.from_url(REDIS_URL)
+        groups = {g["name"].decode(): g for g in client.xinfo_groups(self.stream)}
+        group = groups[GROUP]
+        dlq_total = client.xlen(self.dlq)
+        poison_total = client.xlen(self.poison)
+        dlq_groups = {g["name"].decode(): g for g in client.xinfo_groups(self.dlq)}
+        client.close()
+        ingest = dlq_groups.get("dlo-ingest")
+        dlq_pending = (
+            dlq_total if ingest is None else int(ingest["lag"] or 0) + int(ingest["pending"])
+        )
+        return {
+            "backlog": group["lag"],
+            "in_flight": group["pending"],
+            "dlq_total": dlq_total,
+            "dlq_pending": dlq_pending,
+            "poison_total": poison_total,
+        }
+
+
+# --- NATS JetStream ---------------------------------------------------------------------------
+
+
+class _Loop:
+    """One asyncio loop on a thread, for nats-py."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+
+    def run(self, coro: Any, timeout: float = 30.0) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(5)
+        self.loop.close()
+
+
+class Nats:
+    """A stream with a durable pull consumer (explicit acks), a DLQ stream and a poison stream."""
+
+    def __init__(self, traffic: Traffic, *, max_deliver: int = -1) -> None:
+        tag = uuid.uuid4().hex[:10]
+        self.stream, self.dlq, self.poison = f"TRUTH_{tag}", f"TRUTH_DLQ_{tag}", f"TRUTH_P_{tag}"
+        self.subject, self.consumer = f"truth.{tag}.work", "workers"
+        self.dlq_subject, self.poison_subject = f"truth.{tag}.dlq", f"truth.{tag}.poison"
+        self.admin = _Loop()
+
+        async def setup() -> None:
+            nc = await nats.connect(NATS_URL)
+            js = nc.jetstream()
+            await js.add_stream(name=self.stream, subjects=[self.subject])
+            await js.add_stream(name=self.dlq, subjects=[self.dlq_subject])
+            await js.add_stream(name=self.poison, subjects=[self.poison_subject])
+            await js.add_consumer(
+                self.stream,
+                ConsumerConfig(
+                    durable_name=self.consumer,
+                    ack_policy=AckPolicy.EXPLICIT,
+                    deliver_policy=DeliverPolicy.ALL,
+                    ack_wait=30,
+                    max_deliver=max_deliver,
+                ),
+            )
+            await nc.close()
+
+        self.admin.run(setup())
+
+        def delete() -> None:
+            async def drop() -> None:
+                nc = await nats.connect(NATS_URL)
+                js = nc.jetstream()
+                for name in (self.stream, self.dlq, self.poison):
+                    with contextlib.suppress(Exception):
+                        await js.delete_stream(name)
+                await nc.close()
+
+            self.admin.run(drop())
+            self.admin.close()
+
+        traffic.cleanups.append(delete)
+        self.traffic = traffic
+
+    def _worker(self, make: Callable[[threading.Event], Any], name: str) -> Worker:
+        def body(stop: threading.Event) -> None:
+            asyncio.run(make(stop))
+
+        return self.traffic.start(body, name)
+
+    def produce(self, rate: float) -> Worker:
+        async def run(stop: threading.Event) -> None:
+            nc = await nats.connect(NATS_URL)
+            js = nc.jetstream()
+            end, n = _deadline(), 0
+            while not stop.is_set() and time.monotonic() < end:
+                with contextlib.suppress(nats.errors.TimeoutError):  # a loaded server: go on
+                    await js.publish(self.subject, f"m{n}".encode())
+                n += 1
+                await asyncio.sleep(1.0 / rate)
+            await nc.close()
+
+        return self._worker(run, "nats-produce")
+
+    def burst(self, subject: str, count: int) -> None:
+        async def run() -> None:
+            nc = await nats.connect(NATS_URL)
+            js = nc.jetstream()
+            for n in range(count):
+                await js.publish(subject, f"dead {n}".encode())
+            await nc.close()
+
+        self.admin.run(run())
+
+    def consume(
+        self, mode: str = "ack", *, delay_s: float = 0.0, retry_every: int = 25, prefetch: int = 10
+    ) -> Worker:
+        async def run(stop: threading.Event) -> None:
+            nc = await nats.connect(NATS_URL)
+            js = nc.jetstream()
+            sub = await js.pull_subscribe_bind(self.consumer, self.stream)
+            end, n = _deadline(), 0
+            held = False
+            while not stop.is_set() and time.monotonic() < end:
+                if mode == "hang" and held:
+                    await asyncio.sleep(0.2)  # alive, holding its messages, pulling nothing
+                    continue
+                try:
+                    msgs = await sub.fetch(prefetch, timeout=1)
+                except (nats.errors.TimeoutError, nats.js.errors.APIError):
+                    continue  # nothing to pull (or a 408/409 on a loaded server): pull again
+                held = True
+                for msg in msgs:
+                    n += 1
+                    if mode == "hang":
+                        continue
+                    if mode == "poison":
+                        await asyncio.sleep(0.05)  # a hot loop, throttled
+                        await msg.nak()
+                        continue
+                    if delay_s:
+                        await asyncio.sleep(delay_s)
+                    if mode == "retry" and n % retry_every == 1:
+                        await msg.nak(delay=300)  # retried in five minutes: backoff
+                        continue
+                    await msg.ack()
+            await nc.close()
+
+        return self._worker(run, f"nats-consume-{mode}")
+
+    def truth(self) -> dict[str, int | None]:
+        async def read() -> dict[str, int | None]:
+            nc = await nats.connect(NATS_URL)
+            js = nc.jetstream()
+            info = await js.consumer_info(self.stream, self.consumer)
+            dlq = await js.stream_info(self.dlq)
+            poison = await js.stream_info(self.poison)
+            await nc.close()
+            return {
+                "backlog": info.num_pending,
+                "in_flight": info.num_ack_pending,
+                "dlq_total": dlq.state.messages,
+                "dlq_pending": dlq.state.messages,
+                "poison_total": poison.state.messages,
+            }
+
+        return self.admin.run(read())
