@@ -37,6 +37,7 @@ from alerts.models import (
     Silence,
     Transition,
 )
+from alerts.notify_tasks import deliver_notifications_task
 from channels_registry.health import POINT_FIELDS, DlqFlag, HealthState
 from channels_registry.models import Broker, BrokerPollState, Channel, ChannelHealth
 from channels_registry.polling import stale_after_s
@@ -335,8 +336,6 @@ def do_evaluate_alerts(now: dt.datetime | None = None) -> EvaluationResult:
             alerts_resolved=_inc("alerts_resolved", run.result.resolved),
         )
         if run.result.notifications:
-            from alerts.tasks import deliver_notifications_task
-
             transaction.on_commit(deliver_notifications_task.delay, robust=True)
     return run.result
 

@@ -19,30 +19,8 @@ from django.db import models
 from django.db.models import Q
 from django.urls import reverse
 
+from alerts.rule_keys import THRESHOLD_RULES, WINDOW_RULES, RuleKey, Severity
 from channels_registry.models import Broker, Channel
-
-
-class RuleKey(models.TextChoices):
-    DLQ_INFLOW = "dlq-inflow", "DLQ inflow"
-    DLQ_DEPTH = "dlq-depth", "DLQ depth"
-    DLQ_AGE = "dlq-age", "Oldest dead letter"
-    POISON_INFLOW = "poison-inflow", "Poison inflow"
-    POISON_DEPTH = "poison-depth", "Poison depth"
-    DEAD_LETTER_MISSING = "dead-letter-missing", "DLQ / poison address missing"
-    BACKLOG = "backlog", "Backlog"
-    LAG = "lag", "Lag"
-    MESSAGE_AGE = "message-age", "Oldest message"
-    STALLED = "stalled", "Stalled"
-    STOPPED = "stopped", "Stopped"
-    POISONED = "poisoned", "Poisoned"
-    NO_CONSUMERS = "no-consumers", "No active consumers"
-    POLLER_STALE = "poller-stale", "Poller stale"
-
-
-class Severity(models.TextChoices):
-    WARNING = "warning", "Warning"
-    CRITICAL = "critical", "Critical"
-
 
 SEVERITY_RANK = {Severity.WARNING: 1, Severity.CRITICAL: 2}
 
@@ -85,8 +63,6 @@ class RuleOverride(models.Model):
         return f"{self.rule} on {self.channel_id}"
 
     def clean(self) -> None:
-        from alerts.rules import THRESHOLD_RULES, WINDOW_RULES
-
         errors: dict[str, str] = {}
         if self.rule == RuleKey.POLLER_STALE:
             errors["rule"] = "The poller-stale rule belongs to the broker, not a channel."

@@ -23,13 +23,9 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from alerts.models import RuleKey, Severity
+from alerts.rule_keys import THRESHOLD_RULES, WINDOW_RULES, RuleKey, Severity
 from channels_registry.health import DEFAULT_DLQ_AGE_S, HealthState, fmt_duration, fmt_int
 
-#: Rules whose threshold is not a channel field, so an override may set it.
-THRESHOLD_RULES = {RuleKey.DLQ_AGE, RuleKey.DLQ_INFLOW, RuleKey.POISON_INFLOW}
-#: Rules counting over a window.
-WINDOW_RULES = {RuleKey.DLQ_INFLOW, RuleKey.POISON_INFLOW}
 DEFAULT_WINDOW_S = 300
 EXIT_RATIO = 0.8
 

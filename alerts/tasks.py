@@ -1,4 +1,9 @@
-"""Celery tasks of alerting: thin wrappers over ``alerts.evaluate`` and ``alerts.notify``."""
+"""Celery tasks of alerting: thin wrappers over ``alerts.evaluate`` and ``alerts.notify``.
+
+``deliver_notifications_task`` lives in ``alerts.notify_tasks`` (registered under its old name,
+``alerts.tasks.deliver_notifications_task``) so that ``alerts.evaluate`` can enqueue it without
+importing this module, which imports ``alerts.evaluate``.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +15,13 @@ from django.utils import timezone
 
 from alerts.evaluate import do_evaluate_alerts
 from alerts.models import Alert, AlertState, DeliveryAttempt, Silence
-from alerts.notify import do_deliver_notifications
+from alerts.notify_tasks import deliver_notifications_task
+
+__all__ = [
+    "deliver_notifications_task",
+    "evaluate_alerts_task",
+    "prune_alerts_task",
+]
 
 RETENTION = dt.timedelta(days=30)
 
@@ -20,14 +31,6 @@ def evaluate_alerts_task() -> str:
     """Periodic (~15 s). Idempotent on re-entry: evaluations queue on a row lock and a second
     run at the same time changes nothing."""
     return do_evaluate_alerts(timezone.now()).summary()
-
-
-@shared_task(ignore_result=True)
-def deliver_notifications_task() -> str:
-    """Periodic (5 s) and after each evaluation that queued rows. Retries are per row (backoff
-    and budget in ``alerts.notify``), so the task itself needs no retry decorator: a crashed
-    run leaves leased rows that the next run recovers."""
-    return do_deliver_notifications(timezone.now()).summary()
 
 
 @shared_task(ignore_result=True)

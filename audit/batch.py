@@ -23,9 +23,9 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from audit import sealer
-from audit.actions import _COPY_FIELDS, Actor, EventSpec, _event_fields, _text, record_many
 from audit.mac import event_mac, load_key
 from audit.models import AuditEvent
+from audit.recording import _COPY_FIELDS, Actor, EventSpec, _event_fields, _text, record_many
 
 # Private-use code points: never produced by the escaping of canonical JSON, and a shared value
 # that happens to contain one is detected (the marker count is checked) and falls back.

@@ -35,6 +35,7 @@ from django.utils import timezone
 
 from audit import tree
 from audit.chain import GENESIS, MerkleFrontier, canonical_json
+from audit.history import only_own_record_since, record_checkpoint
 from audit.models import AuditHead
 from dashboard.egress import EgressRefused, pinned_target, shown_url
 
@@ -326,8 +327,6 @@ def write_checkpoint(*, force: bool = False) -> Checkpoint | None:
     """Sign and write a checkpoint of the sealed log now; ``None`` when nothing changed since
     the last one (unless ``force``). Raises ``CheckpointError`` when it cannot (the failure is
     also kept on the head row for the audit page, ``/metrics`` and the alert)."""
-    from audit.history import only_own_record_since
-
     if not force and only_own_record_since(AuditHead.objects.filter(pk=1).first()):
         return None
     try:
@@ -456,3 +455,14 @@ def _webhook_error(url: str, body: bytes) -> str:
     if response.status_code >= 300:
         return f"HTTP {response.status_code}"
     return ""
+
+
+def write_recorded_checkpoint(*, force: bool = False) -> Any:
+    """Write a checkpoint (``write_checkpoint``) and record it in the log:
+    what the periodic job and ``audit checkpoint`` do. (Checkpoints written on other paths,
+    after a burst or for a proof export, are covered by the next recorded one: the record is
+    a lower bound on the history, never more.)"""
+    cp = write_checkpoint(force=force)
+    if cp is not None:
+        record_checkpoint(cp)
+    return cp

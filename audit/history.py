@@ -19,6 +19,7 @@ from django.conf import settings
 from django.utils import timezone
 
 from audit.models import AuditEvent, AuditHead
+from audit.recording import Actor, record
 
 ACTION = "audit.checkpoint"
 TARGET_TYPE = "audit.checkpoint"
@@ -29,23 +30,8 @@ def grace_s() -> float:
     return max(60.0, 3.0 * settings.DLO_AUDIT_CHECKPOINT_INTERVAL_S)
 
 
-def write_recorded_checkpoint(*, force: bool = False) -> Any:
-    """Write a checkpoint (``audit.checkpoints.write_checkpoint``) and record it in the log:
-    what the periodic job and ``audit checkpoint`` do. (Checkpoints written on other paths,
-    after a burst or for a proof export, are covered by the next recorded one: the record is
-    a lower bound on the history, never more.)"""
-    from audit.checkpoints import write_checkpoint
-
-    cp = write_checkpoint(force=force)
-    if cp is not None:
-        record_checkpoint(cp)
-    return cp
-
-
 def record_checkpoint(cp: Any) -> None:
     """Record checkpoint ``cp`` in the log (called after its file is written)."""
-    from audit.actions import Actor, record  # actions reaches this module through sealer
-
     record(
         ACTION,
         actor=Actor.system("audit-checkpoint"),

@@ -40,6 +40,7 @@ from audit.anchors import MAC_ANCHOR
 from audit.chain import GENESIS, MerkleFrontier, canonical_time, chain_hash, leaf_hash
 from audit.mac import MacChecker, load_key
 from audit.models import AuditEvent, AuditHead, RefusedEvent
+from audit.recording import Actor, record
 
 log = logging.getLogger(__name__)
 
@@ -220,8 +221,6 @@ def _refusal(
 def _alarm(refused: list[Refusal]) -> None:
     """An alarm per refused row: an error in the log and an audited event (the application
     writes it, with its MAC); the audit page and /metrics count ``RefusedEvent`` rows."""
-    from audit.actions import Actor, record  # the actions module imports this one
-
     for r in refused:
         log.error(
             "audit sealer refused row id=%s (action %r, actor %r): %s",

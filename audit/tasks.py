@@ -6,7 +6,8 @@ import logging
 
 from celery import shared_task
 
-from audit.actions import Actor, do_verify_chain
+from audit.recording import Actor
+from audit.verify import do_verify_chain
 
 log = logging.getLogger(__name__)
 
@@ -31,8 +32,7 @@ def write_audit_checkpoint_task() -> int:
     """The interval's signed checkpoint (nothing when the log did not grow), recorded in the
     log itself (``audit.history``). A failure is kept for the audit page, /metrics and the
     alert; recording is never affected."""
-    from audit.checkpoints import CheckpointError
-    from audit.history import write_recorded_checkpoint
+    from audit.checkpoints import CheckpointError, write_recorded_checkpoint
 
     try:
         checkpoint = write_recorded_checkpoint()

@@ -9,8 +9,11 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from django.conf import settings
 from django.db import DataError, connection, transaction
+from django.utils import timezone
 
+from audit import sealer
 from audit.anchors import RowRules, find_anchors
 from audit.chain import (
     DETAIL_FIELDS,
@@ -22,7 +25,9 @@ from audit.chain import (
 )
 from audit.checkpoints import Checkpoint, read_dir, trusted_keys, verify_chain_of_checkpoints
 from audit.history import checkpoint_history_problem
-from audit.models import AuditEvent, AuditHead
+from audit.models import AuditEvent, AuditHead, ChainVerification, Outcome
+from audit.recording import Actor, record
+from audit.witnessing import witnessed_head
 
 FETCH = 10_000  # rows per round trip of the server-side cursor
 
@@ -368,3 +373,68 @@ def _compare(
         f"#{cp.tree_size} were rewritten after it was signed (even with re-computed hashes)"
         + (f"; checkpoint #{matched} still matches" if matched else "")
     )
+
+
+def verify_chain(
+    *,
+    checkpoint_dir: str | Path | None = None,
+    public_keys: list[str] | None = None,
+    witness_state: str | Path | None = None,
+) -> VerifyResult:
+    """Walk the sealed log from #1 to the head (constant memory), and against the signed
+    checkpoints in ``checkpoint_dir`` when given (see ``audit.verify``); with
+    ``witness_state``, the log must also extend the last head that witness saw."""
+    witnessed = None
+    if witness_state is not None:
+        witnessed = witnessed_head(witness_state, trusted_keys(public_keys))
+    return verify_log(checkpoint_dir=checkpoint_dir, public_keys=public_keys, witnessed=witnessed)
+
+
+def do_verify_chain(
+    actor: Actor,
+    *,
+    checkpoint_dir: str | Path | None = None,
+    public_keys: list[str] | None = None,
+    witness_state: str | Path | None = None,
+) -> ChainVerification:
+    """Verify the log (against the configured checkpoint directory unless another is given),
+    keep the result for the audit page, and audit the verification."""
+    if checkpoint_dir is None and settings.DLO_AUDIT_CHECKPOINT_DIR:
+        checkpoint_dir = settings.DLO_AUDIT_CHECKPOINT_DIR
+    started = ChainVerification.objects.create()
+    try:
+        result = verify_chain(
+            checkpoint_dir=checkpoint_dir, public_keys=public_keys, witness_state=witness_state
+        )
+    except (OSError, ValueError) as exc:  # an unreadable key or directory: say so, no trace
+        result = VerifyResult(False, 0, None, "", None, f"cannot verify: {exc}")
+    unsealed = sealer.unsealed_status()
+    if unsealed["count"]:
+        result.notes.append(
+            f"{unsealed['count']} newer events are not sealed yet (oldest "
+            f"{unsealed['oldest_age_s']:.0f} s): they join the chain within seconds and are "
+            "not covered by this verification"
+        )
+    with transaction.atomic():
+        ChainVerification.objects.filter(pk=started.pk).update(
+            finished_at=timezone.now(),
+            ok=result.ok,
+            events=result.events,
+            head_seq=result.head_seq,
+            head_hash=result.head_hash,
+            first_bad_seq=result.first_bad_seq,
+            problem=result.summary()
+            if not result.ok and result.first_bad_seq is None
+            else result.problem,
+            checkpoints_matched=result.checkpoints_matched,
+            notes="\n".join(result.notes),
+        )
+        record(
+            "audit.verify",
+            actor=actor,
+            target_type="audit.chain",
+            target_repr=result.summary()[:300],
+            outcome=Outcome.SUCCESS if result.ok else Outcome.FAILED,
+        )
+    started.refresh_from_db()
+    return started

@@ -1,7 +1,9 @@
 """The four roles (Django groups) and their permissions, as DESIGN.md lists them.
 
 Each role includes the one above it. Apps that add permissions append them here and ship a data
-migration calling ``sync_roles``; permissions that do not exist yet are skipped.
+migration with a frozen copy of this mapping handed to
+``dashboard.migrations._frozen_roles.sync_roles_frozen`` (never an import of this module, so the
+migration keeps doing what it did); permissions that do not exist yet are skipped.
 """
 
 from __future__ import annotations

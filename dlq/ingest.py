@@ -30,24 +30,22 @@ import os
 from collections.abc import Iterable, Sequence
 from typing import Any, cast
 
-from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import F
 from django.db.models.functions import Greatest, Least
 from django.utils import timezone
 
 from audit.actions import Actor, record
-from brokers import get_adapter
-from brokers.base import Address, BrokerAdapter
+from brokers.base import Address
 from brokers.base import DeadLetter as Letter
 from brokers.nats_jetstream import (
     NatsCopyDrainSession,
-    NatsJetStreamAdapter,
     copy_address,
     copy_key,
 )
-from channels_registry.models import BrokerKind, Channel, installation_id
-from dlq import search, trends
+from channels_registry.models import BrokerKind, Channel
+from dlq import adapters, search, trends
+from dlq.adapters import adapter_for  # noqa: F401 - re-exported: tests open adapters with it
 from dlq.fingerprint import normalize_error
 from dlq.ingest_build import (  # noqa: F401 - re-exported: bench/triage.py builds search text
     Built,
@@ -92,16 +90,6 @@ class IngestResult:
         self.duplicates += other.duplicates
         self.batches += other.batches
         self.errors.extend(other.errors)
-
-
-def adapter_for(channel: Channel) -> BrokerAdapter:
-    broker = channel.broker
-    adapter = get_adapter(broker.kind, broker.connection_url(), **broker.adapter_options())
-    adapter.installation_id = installation_id()
-    if isinstance(adapter, NatsJetStreamAdapter):
-        adapter.drain_ack_wait_s = float(settings.DLO_NATS_DRAIN_ACK_WAIT_S)
-        adapter.drain_max_ack_pending = int(settings.DLO_NATS_DRAIN_MAX_ACK_PENDING)
-    return adapter
 
 
 def drain_addresses(channel: Channel) -> list[tuple[Address, str]]:
@@ -369,7 +357,7 @@ def ingest_channel(
 ) -> IngestResult:
     """Drain the channel's dead-letter addresses (bounded); see the module docstring."""
     result = IngestResult(channel.slug)
-    adapter = adapter_for(channel)
+    adapter = adapters.adapter_for(channel)
     copies = False  # a NATS copy stream exists and was drained first: advisories may wait
     for address, source in drain_addresses(channel):
         adapter.prepare_drain(address)

@@ -241,7 +241,7 @@ from dlq.replay_models import (  # noqa: E402
     ReplayItem,
     ReplayPlan,
 )
-from dlq.trends import GroupHour  # noqa: E402
+from dlq.trend_models import GroupHour  # noqa: E402
 
 __all__ = [
     "DeadLetter",

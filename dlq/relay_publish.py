@@ -10,6 +10,7 @@ from typing import Any
 
 from brokers.base import Address, BrokerError, OutgoingMessage, Publisher, PublishOutcome
 from channels_registry.models import BrokerKind
+from dlq import adapters
 from dlq.models import DeadLetter, ReplayItem, ReplayPlan
 from dlq.replay_models import parse_replay_id
 
@@ -76,10 +77,8 @@ class Publishers:
     to the subject their stream stored them under (broker metadata, never a header)."""
 
     def __init__(self, plan: ReplayPlan) -> None:
-        from dlq.ingest import adapter_for
-
         self.plan = plan
-        self.adapter = adapter_for(plan.channel)
+        self.adapter = adapters.adapter_for(plan.channel)
         self.nats = plan.channel.broker.kind == BrokerKind.NATS
         self.open: dict[Address, Publisher] = {}
 

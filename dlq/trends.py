@@ -15,7 +15,8 @@ its dedupe key, and only the rows actually inserted are counted.)
 The windows are whole hours in UTC: "last 24 h" is the current hour and the 23 before it, "the
 24 h before" the 24 hours before those.
 
-Imported at the end of ``dlq.models`` so Django registers the model with the app.
+The model itself lives in ``dlq.trend_models`` (imported at the end of ``dlq.models`` so Django
+registers it), so the models never import this logic.
 """
 
 from __future__ import annotations
@@ -25,8 +26,10 @@ from collections import Counter
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from django.db import connection, models
+from django.db import connection
 from django.db.models import Q, Sum
+
+from dlq.trend_models import GroupHour
 
 if TYPE_CHECKING:
     from dlq.models import DeadLetter
@@ -34,25 +37,6 @@ if TYPE_CHECKING:
 WINDOW_HOURS = 24
 #: Rows per upsert statement (3 parameters each; SQLite allows 32,766 per statement).
 UPSERT_ROWS = 500
-
-
-class GroupHour(models.Model):
-    """Entries of one failure group dead-lettered in one hour (see the module docstring)."""
-
-    group = models.ForeignKey(
-        "dlq.FailureGroup", on_delete=models.CASCADE, related_name="+", db_index=False
-    )
-    hour = models.DateTimeField(db_index=True)  # the hour's start, UTC
-    count = models.BigIntegerField()
-
-    class Meta:
-        constraints = [
-            # Also the read path: the rows of the groups shown, from a given hour on.
-            models.UniqueConstraint(fields=["group", "hour"], name="dlq_grouphour_unique")
-        ]
-
-    def __str__(self) -> str:
-        return f"group {self.group_id} at {self.hour:%Y-%m-%d %H}:00: {self.count}"
 
 
 def hour_of(moment: dt.datetime) -> dt.datetime:

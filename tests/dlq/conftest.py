@@ -12,7 +12,7 @@ import pytest
 from brokers.base import Address, BrokerAdapter, DrainSession, Publisher
 from brokers.base import DeadLetter as Letter
 from channels_registry.models import Channel
-from dlq import ingest, search
+from dlq import adapters, ingest, search
 from dlq.models import DeadLetter, Source
 
 _seq = itertools.count(1)
@@ -108,5 +108,5 @@ class FakeAdapter(BrokerAdapter):
 @pytest.fixture
 def fake_adapter(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeAdapter]:
     adapter = FakeAdapter()
-    monkeypatch.setattr(ingest, "adapter_for", lambda channel: adapter)
+    monkeypatch.setattr(adapters, "adapter_for", lambda channel: adapter)
     yield adapter

@@ -17,7 +17,7 @@ from brokers.base import (
     Publisher,
 )
 from brokers.base import PublishOutcome as Outcome
-from dlq import freeze, ingest, relay, relay_outcomes
+from dlq import adapters, freeze, relay, relay_outcomes
 from dlq.actions import do_create_plan
 from dlq.filters import EntryFilter
 from dlq.models import DeadLetter, PlanStatus, ReplayPlan
@@ -85,7 +85,7 @@ class RecordingAdapter(BrokerAdapter):
 @pytest.fixture
 def publisher(monkeypatch: pytest.MonkeyPatch) -> Iterator[RecordingAdapter]:
     adapter = RecordingAdapter()
-    monkeypatch.setattr(ingest, "adapter_for", lambda channel: adapter)
+    monkeypatch.setattr(adapters, "adapter_for", lambda channel: adapter)
     monkeypatch.setattr(relay_outcomes, "backoff", lambda attempt: 0.0)
     record_outcomes = relay.record_outcomes
 

@@ -15,7 +15,6 @@ from audit.actions import Actor, do_record_export, do_verify_chain
 from audit.chain import GENESIS, VerifyResult, verify_events
 from audit.export import chunks, proof_filters, proof_lines
 from audit.filters import FILTER_NAMES, AuditFilterForm
-from audit.history import write_recorded_checkpoint
 from audit.models import AuditEvent, AuditHead
 from audit.sealer import seal
 
@@ -137,7 +136,7 @@ class Command(BaseCommand):
     def checkpoint(self) -> None:
         seal(wait=True)
         try:
-            written = write_recorded_checkpoint(force=True)
+            written = checkpoints.write_recorded_checkpoint(force=True)
         except checkpoints.CheckpointError as exc:
             raise CommandError(str(exc)) from None
         if written is None:
