@@ -14,8 +14,9 @@ received per cycle, and the resident memory of the server process.
 3. Clients: a minimal RFC 6455 client on asyncio streams (the venv has no ``websockets`` or
    ``aiohttp``; adding one only for a benchmark is not worth a locked dependency). Each
    client logs in by its session cookie, sends an allowed Origin, answers pings, acknowledges
-   every message as the page does (``static/dlo/board.js``: the server keeps at most a window of
-   unacknowledged frames in flight per client), and records the receipt time and the poll cycle
+   the messages it handled as the page does (``static/dlo/board.js``: ``ack N`` when it has
+   read all that has arrived, or at once past 256 KiB; the server keeps at most a window of
+   unacknowledged bytes in flight per client), and records the receipt time and the poll cycle
    of every row. Messages that are not rows (JSON notices: "sampled", "reload", "stopped")
    are counted by kind.
 4. The poller: the real ``do_poll_broker`` (samples, health, one transaction, push after
@@ -32,7 +33,8 @@ received per cycle, and the resident memory of the server process.
 
 Environment: ``BENCH_CLIENTS`` (200), ``BENCH_CHANNELS`` (1,000), ``BENCH_CHANGED`` (all; e.g.
 100 for 1 % of 10,000), ``BENCH_CYCLES`` (8), ``BENCH_INTERVAL_S`` (3), ``BENCH_GRACE_S`` (10:
-listening after the last poll).
+listening after the last poll), ``BENCH_PROFILE`` (a path: the server runs under cProfile and
+writes its profile there).
 
 Note: with redis-py 8 (its socket timeout now defaults to 5 s) channels_redis' blocking
 receive times out on a socket idle for 5 s and the server closes the websocket with 1011; a
@@ -69,6 +71,8 @@ INTERVAL_S = float(os.environ.get("BENCH_INTERVAL_S", "3"))
 REDIS_URL = os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/5")
 #: How long the clients keep listening after the last poll (a server behind catches up).
 GRACE_S = float(os.environ.get("BENCH_GRACE_S", "10"))
+#: A path: the server runs under cProfile and writes its profile there when it stops.
+PROFILE = os.environ.get("BENCH_PROFILE", "")
 RUN = uuid.uuid4().hex[:8]
 DB = f"bench_live_{RUN}"
 HOST = "127.0.0.1"
@@ -198,8 +202,10 @@ def rss_mib(pid: int) -> float:
 
 
 def start_server(port: int, log: Any) -> subprocess.Popen[bytes]:
+    profile = ["-m", "cProfile", "-o", PROFILE] if PROFILE else []
     proc = subprocess.Popen(
-        [sys.executable, "-m", "daphne", "-b", HOST, "-p", str(port), "dashboard.asgi:application"],
+        [sys.executable, *profile, "-m", "daphne", "-b", HOST, "-p", str(port)]
+        + ["dashboard.asgi:application"],
         env=_server_env(),
         stdout=log,
         stderr=subprocess.STDOUT,
@@ -226,6 +232,9 @@ class WsClient:
         self.bytes = 0
         self.notices: dict[str, int] = {}
         self.error = ""
+        self.unacked = 0
+        self.unacked_bytes = 0
+        self.ack_due = False
 
     async def connect(self) -> None:
         self.reader, self.writer = await asyncio.wait_for(
@@ -294,11 +303,16 @@ class WsClient:
                     return
                 self.messages += 1
                 self.bytes += len(data)
-                self._send(0x1, b"ack")  # as the page does after each message
+                self._ack(len(data))
                 if data[:1] == b"{":
                     kind = data[2:20].split(b'"', 1)[0].decode("ascii", "replace")
                     self.notices[kind] = self.notices.get(kind, 0) + 1
                     continue
+                folded = data.count(b'<!--dlo {"sampled"')  # a sample time after the rows
+                if folded:
+                    self.notices["sampled in rows"] = (
+                        self.notices.get("sampled in rows", 0) + folded
+                    )
                 # Count the rows of each cycle present (a message holds one cycle, or a few
                 # when a client fell behind and rows were coalesced).
                 match = _MOVING.search(data)
@@ -315,6 +329,24 @@ class WsClient:
                     cycle += 1
         except (OSError, asyncio.IncompleteReadError) as exc:
             self.error = f"{type(exc).__name__}: {exc}"
+
+    def _ack(self, size: int) -> None:
+        """As the page does: at once past 256 KiB, else when this client waits for more
+        (``call_soon`` runs once the read loop blocks: all that arrived has been handled)."""
+        self.unacked += 1
+        self.unacked_bytes += size
+        if self.unacked_bytes >= 256 * 1024:
+            self._send_ack()
+        elif not self.ack_due:
+            self.ack_due = True
+            asyncio.get_running_loop().call_soon(self._send_ack)
+
+    def _send_ack(self) -> None:
+        self.ack_due = False
+        if self.unacked:
+            with contextlib.suppress(Exception):
+                self._send(0x1, b"ack %d" % self.unacked)
+        self.unacked = self.unacked_bytes = 0
 
     async def close(self) -> None:
         with contextlib.suppress(Exception):
@@ -416,11 +448,16 @@ def run_clients(
 
     cycle = [0]
     commits: dict[int, float] = {}
+    pushes: list[float] = []
     real_push = live.push_board_rows
 
     def timed_push(*args: Any, **kwargs: Any) -> int:
         commits.setdefault(cycle[0], time.time())  # called by on_commit: right after the commit
-        return real_push(*args, **kwargs)
+        started = time.monotonic()
+        try:
+            return real_push(*args, **kwargs)
+        finally:  # render, compare, group_send: part of commit → receipt
+            pushes.append(time.monotonic() - started)
 
     live.push_board_rows = timed_push  # type: ignore[assignment]
     polling.get_adapter = lambda *a, **k: SyntheticAdapter(cycle)  # type: ignore[assignment]
@@ -491,6 +528,8 @@ def run_clients(
         f" {per_client_cycle / 1024:,.1f} KiB per client per cycle"
     )
     print(f"clients holding every row's last version: {complete} of {len(connected)}")
+    if pushes:
+        print(f"push (render, compare, group_send) per cycle: max {max(pushes):.3f} s")
     if superseded and 0 < rows_received < expected:
         print(f"  of the missing: at most {superseded:,} superseded by a later cycle (coalesced)")
     if notices:

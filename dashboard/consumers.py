@@ -12,10 +12,18 @@ Delivery at incident scale (issue 29), when every row changes at once:
 2. A client holds only a cursor: the number of the last version it was sent. Flushing sends
    the versions after it, in order, packed into frames of at most ``FRAME_BYTES``; a row
    changed twice before a client read it is sent once, as it is now (coalesced per row).
-3. At most ``WINDOW_BYTES`` are in flight per client: the page acknowledges each message
-   (``ack``), and a client that falls behind (a phone, a slow link) gets nothing more until it
-   does, then the latest rows. The server's memory is the mirror plus a bounded window per
-   client, whatever the clients do.
+3. A window of unacknowledged bytes per client: the page acknowledges what it has handled
+   (``ack N``: N more messages; a bare ``ack`` is one), in batches, and a client that falls
+   behind (a phone, a slow link) gets nothing more until it does, then the latest rows. Every
+   client may have one frame (``FRAME_BYTES``) in flight; up to ``WINDOW_BYTES`` when the
+   process's shared allowance for the frames beyond the first (``EXTRA_WINDOW_BYTES``) has
+   room, so a client is not held to one round trip per frame, yet a thousand clients that
+   stop reading hold at most ``1,000 × FRAME_BYTES + EXTRA_WINDOW_BYTES`` between them. The
+   server's memory is the mirror plus that bound, whatever the clients do.
+   A broker's sample time rides in the frame of its rows, as an HTML comment after them
+   (``<!--dlo {"sampled": …}-->``, inert to htmx; ``static/dlo/board.js`` reads it), so a
+   poll costs each in-sync client one message and one acknowledgement, not two of each; a
+   sample time with no rows before it is a JSON notice of its own.
 4. A send that fails is logged once for all the clients it hit (with their number); each is
    told when possible (a ``stopped`` notice, then the socket closes) and the page says "live
    updates stopped" and reloads its rows. A client whose cursor fell behind what the mirror
@@ -34,6 +42,7 @@ from collections.abc import Iterable
 from typing import Any
 from urllib.parse import parse_qs
 
+from channels.consumer import get_handler_name
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 
@@ -42,9 +51,16 @@ from dashboard.live import BOARD_GROUP, FRAME_BYTES
 log = logging.getLogger(__name__)
 
 VIEW_PERMISSION = "channels_registry.view_channel"
-#: Unacknowledged bytes in flight per client: one full frame (or several smaller ones), so
-#: 1,000 clients that stopped reading hold at most 256 MiB in the server between them.
-WINDOW_BYTES = FRAME_BYTES
+#: Unacknowledged bytes in flight per client, at most: four full frames. Beyond the first
+#: frame they come from the process's ``EXTRA_WINDOW_BYTES``.
+WINDOW_BYTES = 4 * FRAME_BYTES
+#: The bytes in flight beyond each client's first frame, shared by the process's clients: with
+#: 1,000 clients that stopped reading, at most 256 MiB (a frame each) + 32 MiB in the server.
+#: (128 MiB took the server's RSS to 550 MiB with 1,000 clients all reading a megabyte a
+#: cycle, over the 512 MiB target: each frame in flight is copied into the send buffer.)
+EXTRA_WINDOW_BYTES = 32 * 1024 * 1024
+#: Acknowledgements the page may batch into one ``ack N`` (a bound on what one message acks).
+ACK_MAX = 10_000
 #: Group membership calls in flight per process: a thousand pages closing together must not
 #: exhaust the Redis connection pool (redis-py's default is 100 connections).
 LAYER_CALLS = 32
@@ -63,14 +79,24 @@ def notice(kind: str, **fields: Any) -> str:
     return json.dumps({kind: fields}, separators=(",", ":"))
 
 
+def folded(payload: str) -> str:
+    """A notice inside a frame of rows: an HTML comment after them (JSON of ASCII numbers and
+    an ISO time, never ``-->``; hostile text never reaches a notice)."""
+    return f"<!--dlo {payload}-->"
+
+
 class _Version:
-    """One pushed version: a row's HTML, or a notice (JSON) that travels in a frame alone."""
+    """One pushed version: a row's HTML, or a notice (JSON): a broker's sample time, which may
+    ride in a frame of rows (``foldable``), or another, which travels in a frame alone."""
 
-    __slots__ = ("broker", "is_row", "payload", "seq", "team")
+    __slots__ = ("broker", "foldable", "is_row", "payload", "seq", "team")
 
-    def __init__(self, seq: int, team: str | None, broker: str, payload: str) -> None:
+    def __init__(
+        self, seq: int, team: str | None, broker: str, payload: str, foldable: bool = False
+    ) -> None:
         self.seq, self.team, self.broker, self.payload = seq, team, broker, payload
         self.is_row = not payload.startswith("{")
+        self.foldable = foldable and not self.is_row
 
     def shown(self, team: str, broker: str) -> bool:
         """Whether a client filtered to ``team``/``broker`` gets it (``team`` None: any)."""
@@ -110,21 +136,25 @@ class BoardMirror:
             self._put(int(row["id"]), row["team"], row["broker"], row["html"])
         if sampled:
             payload = notice("sampled", broker=sampled["broker_id"], at=sampled["at"])
-            self._put(("sampled", int(sampled["broker_id"])), None, sampled["broker"], payload)
+            key = ("sampled", int(sampled["broker_id"]))
+            self._put(key, None, sampled["broker"], payload, foldable=True)
         while len(self.rows) > self.max_rows:
             _, oldest = self.rows.popitem(last=False)
             self.floor = oldest.seq
 
-    def _put(self, key: Key, team: str | None, broker: str, payload: str) -> None:
+    def _put(
+        self, key: Key, team: str | None, broker: str, payload: str, foldable: bool = False
+    ) -> None:
         self.seq += 1
-        self.rows[key] = _Version(self.seq, team, broker, payload)
+        self.rows[key] = _Version(self.seq, team, broker, payload, foldable)
         self.rows.move_to_end(key)
 
     def frames(self, cursor: int, team: str, broker: str) -> tuple[list[Frame], int]:
         """Every frame due after ``cursor`` for a client with these filters, oldest first, and
         the cursor after them all. Rows are packed into frames of at most ``FRAME_BYTES`` (a
-        row is ASCII, ``dashboard.live``, so its length is its size); a notice (a broker's
-        sample time) is a frame of its own. Each frame carries the cursor after it.
+        row is ASCII, ``dashboard.live``, so its length is its size); a broker's sample time
+        after rows rides in their frame (``folded``), any other notice is a frame of its own.
+        Each frame carries the cursor after it.
 
         Clients at the same cursor share one build, and every frame boundary of a build is
         remembered too: in-sync clients walk the same boundaries, one frame per ack."""
@@ -147,16 +177,18 @@ class BoardMirror:
             if not version.shown(team, broker):
                 end = version.seq
                 continue
-            n = len(version.payload)
-            if parts and (not version.is_row or size + n > FRAME_BYTES):
+            text = folded(version.payload) if parts and version.foldable else version.payload
+            n = len(text)
+            if parts and (not (version.is_row or version.foldable) or size + n > FRAME_BYTES):
                 frames.append(("".join(parts), end))  # full, or a notice follows
                 parts, size = [], 0
+                text = version.payload
             end = version.seq
-            if version.is_row:
-                parts.append(version.payload)
+            if version.is_row or (parts and version.foldable):
+                parts.append(text)
                 size += n
             else:
-                frames.append((version.payload, end))
+                frames.append((text, end))
         if parts:
             frames.append(("".join(parts), end))
         if frames:  # versions filtered out after the last frame are passed with it
@@ -208,6 +240,16 @@ class _FailureLog:
 
 
 FAILURES = _FailureLog()
+
+
+class _ExtraWindow:
+    """The process's allowance for bytes in flight beyond each client's first frame."""
+
+    def __init__(self) -> None:
+        self.used = 0
+
+
+EXTRA = _ExtraWindow()
 _gates: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = (
     weakref.WeakKeyDictionary()
 )
@@ -225,6 +267,18 @@ def _layer_gate() -> asyncio.Semaphore:
 class BoardConsumer(AsyncWebsocketConsumer):
     mirror = MIRROR
 
+    async def dispatch(self, message: dict[str, Any]) -> None:
+        """As channels' own, without its database hop before every message: channels 4.2+
+        runs ``close_old_connections`` in the one thread-sensitive worker thread before each
+        handler, so a poll's rows and acknowledgements for a thousand clients queued behind
+        one thread (two hops per client per message). This consumer touches the database only
+        through ``database_sync_to_async``, which closes old connections itself around the
+        call."""
+        handler = getattr(self, get_handler_name(message), None)
+        if handler is None:
+            raise ValueError(f"No handler for message type {message['type']}")
+        await handler(message)
+
     async def connect(self) -> None:
         user = self.scope.get("user")
         if user is None or not user.is_authenticated:
@@ -237,6 +291,8 @@ class BoardConsumer(AsyncWebsocketConsumer):
         self.filters = {k: query.get(k, [""])[0] for k in ("team", "broker")}
         self.cursor = self.mirror.seq
         self.in_flight: collections.deque[int] = collections.deque()
+        self.in_flight_bytes = 0
+        self.extra = 0  # this client's share of EXTRA (its bytes in flight past one frame)
         self.stopped = False
         async with _layer_gate():
             await self.channel_layer.group_add(BOARD_GROUP, self.channel_name)
@@ -245,6 +301,8 @@ class BoardConsumer(AsyncWebsocketConsumer):
     async def disconnect(self, code: int) -> None:
         if not hasattr(self, "cursor"):
             return
+        self.in_flight.clear()
+        self._account(0)
         try:
             async with _layer_gate():
                 await self.channel_layer.group_discard(BOARD_GROUP, self.channel_name)
@@ -252,10 +310,35 @@ class BoardConsumer(AsyncWebsocketConsumer):
             log.warning("live board: leaving the group failed", exc_info=True)
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
-        """The page says only ``ack``, once per message it has handled: the window reopens."""
-        if text_data == "ack" and getattr(self, "in_flight", None):
-            self.in_flight.popleft()
-            await self.flush()
+        """The page says only ``ack N``: it has handled N more messages (``ack``: one); the
+        window reopens by their bytes. Anything else is ignored."""
+        if not text_data or not getattr(self, "in_flight", None):
+            return
+        word, _, count = text_data.partition(" ")
+        if word != "ack" or (count and not (count.isdigit() and len(count) <= 5)):
+            return
+        for _ in range(min(int(count or 1), ACK_MAX, len(self.in_flight))):
+            self.in_flight_bytes -= self.in_flight.popleft()
+        self._account(self.in_flight_bytes)
+        await self.flush()
+
+    def _account(self, in_flight: int) -> None:
+        """Record ``in_flight`` bytes as this client's: its share of EXTRA follows."""
+        extra = max(0, in_flight - min(FRAME_BYTES, WINDOW_BYTES))
+        EXTRA.used += extra - self.extra
+        self.extra = extra
+        self.in_flight_bytes = in_flight
+
+    def _fits(self, n: int) -> bool:
+        """Whether a frame of ``n`` bytes may go now: always with nothing in flight; within one
+        frame's bytes; or within the window while the process's allowance has room."""
+        total = self.in_flight_bytes + n
+        base = min(FRAME_BYTES, WINDOW_BYTES)
+        if not self.in_flight or total <= base:
+            return True
+        if total > WINDOW_BYTES:
+            return False
+        return EXTRA.used + (total - base) - self.extra <= EXTRA_WINDOW_BYTES
 
     async def board_rows(self, event: dict[str, Any]) -> None:
         # A pusher of an older release names no batch: name it on the message, which the
@@ -269,7 +352,7 @@ class BoardConsumer(AsyncWebsocketConsumer):
         always one frame to a client with nothing in flight, more while they fit."""
         if self.stopped or self.cursor >= self.mirror.seq:
             return
-        if self.in_flight and sum(self.in_flight) >= WINDOW_BYTES:
+        if self.in_flight and not self._fits(1):
             return
         if self.cursor < self.mirror.floor:
             # Versions this client still needed were evicted: its rows come over HTTP.
@@ -280,7 +363,7 @@ class BoardConsumer(AsyncWebsocketConsumer):
         if not frames:
             self.cursor = end  # nothing this client may see
         for text, after in frames:
-            if self.in_flight and sum(self.in_flight) + len(text) > WINDOW_BYTES:
+            if not self._fits(len(text)):
                 return
             if not await self._send(text):
                 return
@@ -293,12 +376,15 @@ class BoardConsumer(AsyncWebsocketConsumer):
             await self._stop(exc)
             return False
         self.in_flight.append(len(frame))
+        self._account(self.in_flight_bytes + len(frame))
         return True
 
     async def _stop(self, exc: BaseException) -> None:
         """A failed send: logged (once for all clients hit), the client told when the socket
         still takes a small message, then closed. Nothing more is sent on this socket."""
         self.stopped = True
+        self.in_flight.clear()
+        self._account(0)
         FAILURES.add(exc)
         try:
             await self.send(text_data=notice("stopped", reason="a live update could not be sent"))

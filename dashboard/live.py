@@ -7,8 +7,10 @@
    moves with the clock alone: the ``<time>`` of the last sample (the page shows its age from
    the timestamp, ``static/dlo/board.js``) and the sparkline's drawing, of which the digest
    keeps the values it states (its label: the hour's maximum and the backlog now).
-3. The poll's sample time goes once per broker (``sampled``): the page moves the "last
-   sample" of that broker's rows, which are therefore not pushed again just for it.
+3. The poll's sample time goes once per broker (``sampled``), in the last layer message of
+   the poll's rows; each consumer folds it into the frame of those rows (an HTML comment
+   after them), so a poll is one websocket message per in-sync client. The page moves the
+   "last sample" of that broker's rows, which are therefore not pushed again just for it.
 4. The rows go in ``group_send`` messages of at most ``LAYER_MESSAGE_BYTES`` each; each
    consumer keeps what its user may see, coalesces and packs frames of at most
    ``FRAME_BYTES`` (``dashboard.consumers``). A row larger than a frame (never seen: rows are

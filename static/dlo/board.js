@@ -45,6 +45,8 @@
   document.addEventListener("htmx:wsOpen", function (e) {
     e.target.__dloOpen = true;
     stopped = false;
+    unacked = 0;  // a new socket: the server counts from nothing in flight
+    unackedBytes = 0;
     // Back live: catch up on what changed while the socket was down, then stop polling.
     if (stopPolling()) { refresh(); }
   });
@@ -65,28 +67,59 @@
   });
   document.addEventListener("htmx:wsError", function (e) { e.target.__dloOpen = false; lost(); });
 
-  // Messages: rows (HTML, swapped by htmx) or a notice (JSON, handled here). Each is
-  // acknowledged once handled: the server keeps only a small window unacknowledged per page.
-  function ack(detail) {
-    if (detail && detail.socketWrapper) { detail.socketWrapper.send("ack"); }
+  // Messages: rows (HTML, swapped by htmx; a broker's sample time may follow them in the same
+  // message as a comment, <!--dlo {...}-->) or a notice (JSON, handled here). They are
+  // acknowledged once handled, in batches ("ack N": N more messages): at once past ACK_BYTES,
+  // else as soon as the page is idle. The server keeps a bounded window unacknowledged.
+  var ACK_BYTES = 256 * 1024;
+  var unacked = 0;
+  var unackedBytes = 0;
+  var ackTimer = null;
+  var ackSocket = null;
+  function sendAck() {
+    if (ackTimer) { clearTimeout(ackTimer); ackTimer = null; }
+    if (unacked && ackSocket) { ackSocket.send("ack " + unacked); }
+    unacked = 0;
+    unackedBytes = 0;
+  }
+  function ack(detail, size) {
+    if (!detail || !detail.socketWrapper) { return; }
+    if (ackSocket !== detail.socketWrapper) { unacked = 0; unackedBytes = 0; }  // a new socket
+    ackSocket = detail.socketWrapper;
+    unacked += 1;
+    unackedBytes += size;
+    if (unackedBytes >= ACK_BYTES) { sendAck(); } else if (!ackTimer) { ackTimer = setTimeout(sendAck, 0); }
   }
   function notice(data) {
     if (data.sampled) { sampled(data.sampled.broker, data.sampled.at); }
     if (data.reload) { refresh(); }
     if (data.stopped) { liveStopped(data.stopped.reason); }
   }
+  var FOLDED = /<!--dlo (\{[^<>]*\})-->/g;
+  function foldedNotices(message) {
+    if (message.indexOf("<!--dlo ") < 0) { return; }
+    var m;
+    FOLDED.lastIndex = 0;
+    while ((m = FOLDED.exec(message)) !== null) {
+      try { notice(JSON.parse(m[1])); } catch (err) { /* not a notice */ }
+    }
+  }
   var kept = null;
   document.addEventListener("htmx:wsBeforeMessage", function (e) {
     var message = e.detail && e.detail.message;
     if (typeof message === "string" && message.charAt(0) === "{") {
       e.preventDefault();
-      try { notice(JSON.parse(message)); } finally { ack(e.detail); }
+      try { notice(JSON.parse(message)); } finally { ack(e.detail, message.length); }
       return;
     }
     kept = keep();
   });
   document.addEventListener("htmx:wsAfterMessage", function (e) {
-    try { restore(kept); } finally { kept = null; ack(e.detail); }
+    var message = (e.detail && e.detail.message) || "";
+    try {
+      if (typeof message === "string") { foldedNotices(message); }
+      restore(kept);
+    } finally { kept = null; ack(e.detail, message.length || 0); }
   });
 
   // Focus, scroll and the j/k row survive a pushed row replacing the one they were on.

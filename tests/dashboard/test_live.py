@@ -307,7 +307,9 @@ def test_a_failed_send_is_told_to_the_page_and_logged_once(
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_brokers_sample_time_is_one_notice_after_the_rows() -> None:
+def test_a_brokers_sample_time_rides_in_the_frame_of_its_rows() -> None:
+    """One message per poll: the sample time follows the rows as an inert HTML comment; with
+    no rows before it, it is a JSON notice of its own."""
     cookie = _cookie(make_user("vera", "viewer"))
     layer = get_channel_layer()
     at = "2026-01-02T03:04:05+00:00"
@@ -316,12 +318,123 @@ def test_a_brokers_sample_time_is_one_notice_after_the_rows() -> None:
         communicator = await _board(cookie)
         sampled = {"broker_id": 7, "broker": "b", "at": at}
         await layer.group_send(BOARD_GROUP, _rows({1: _tr(1, 1)}, sampled))
-        assert await communicator.receive_from(timeout=3) == _tr(1, 1)
+        frame = await communicator.receive_from(timeout=3)
+        told = json.dumps({"sampled": {"broker": 7, "at": at}}, separators=(",", ":"))
+        assert frame == _tr(1, 1) + f"<!--dlo {told}-->"
+        assert await communicator.receive_nothing(timeout=0.3)
+        await communicator.send_to(text_data="ack")
+        await layer.group_send(BOARD_GROUP, _rows({}, {**sampled, "at": at.replace("05", "09")}))
         notice = json.loads(await communicator.receive_from(timeout=3))
-        assert notice == {"sampled": {"broker": 7, "at": at}}
+        assert notice == {"sampled": {"broker": 7, "at": at.replace("05", "09")}}
         await communicator.disconnect()
 
     run(scenario)
+
+
+def _big_rows(n: int) -> dict[int, str]:
+    """``n`` rows of 200 KiB: two do not fit one frame, so each is a frame of its own."""
+    rows = {pk: _tr(pk, 1, size=200 * 1024) for pk in range(1, n + 1)}
+    assert all(FRAME_BYTES / 2 < len(r) <= FRAME_BYTES for r in rows.values())
+    return rows
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_client_that_does_not_ack_gets_up_to_the_window_and_no_more() -> None:
+    """Several frames go before the first acknowledgement (not one round trip per frame), up
+    to WINDOW_BYTES and no further; ``ack N`` reopens the window by N frames."""
+    cookie = _cookie(make_user("vera", "viewer"))
+    layer = get_channel_layer()
+    rows = _big_rows(12)
+    size = len(rows[1])
+    fit = consumers.WINDOW_BYTES // size
+    assert 1 < fit < 10
+
+    async def scenario() -> None:
+        communicator = await _board(cookie)
+        await layer.group_send(BOARD_GROUP, _rows(rows))
+        frames = [await communicator.receive_from(timeout=3) for _ in range(fit)]
+        assert await communicator.receive_nothing(timeout=0.5)  # the window is full
+        await communicator.send_to(text_data="ack 2")
+        frames += [await communicator.receive_from(timeout=3) for _ in range(2)]
+        assert await communicator.receive_nothing(timeout=0.5)
+        await communicator.send_to(text_data=f"ack {fit}")
+        while len(frames) < len(rows):
+            frames.append(await communicator.receive_from(timeout=3))
+        assert frames == list(rows.values())  # each row once, in order
+        await communicator.send_to(text_data="ack nonsense")  # ignored, nothing breaks
+        await communicator.send_to(text_data=f"ack {len(rows)}")
+        assert await communicator.receive_nothing(timeout=0.3)
+        await communicator.disconnect()
+
+    run(scenario)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_frames_past_the_first_come_from_the_processs_shared_allowance(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Clients that stop reading hold one frame each plus the process's EXTRA_WINDOW_BYTES,
+    whatever their number: with the allowance spent, a client gets one frame at a time; it is
+    given back when clients acknowledge or leave."""
+    cookie = _cookie(make_user("vera", "viewer"))
+    layer = get_channel_layer()
+    rows = _big_rows(3)
+    monkeypatch.setattr(consumers, "EXTRA_WINDOW_BYTES", len(rows[1]))  # < 2 frames' extra
+    assert consumers.EXTRA.used == 0
+
+    async def scenario() -> None:
+        first, second = await _board(cookie), await _board(cookie)
+        await layer.group_send(BOARD_GROUP, _rows(rows))
+        # The first client to flush takes the allowance (two frames); the other gets one.
+        got = {}
+        for name, communicator in (("first", first), ("second", second)):
+            got[name] = [await communicator.receive_from(timeout=3)]
+            while not await communicator.receive_nothing(timeout=0.5):
+                got[name].append(await communicator.receive_from(timeout=3))
+        assert sorted(len(frames) for frames in got.values()) == [1, 2]
+        assert consumers.EXTRA.used == 2 * len(rows[1]) - FRAME_BYTES
+        behind = first if len(got["first"]) == 1 else second
+        await (second if behind is first else first).disconnect()  # gives its share back
+        assert consumers.EXTRA.used == 0
+        await behind.send_to(text_data="ack")
+        assert await behind.receive_from(timeout=3) == rows[2]
+        assert await behind.receive_from(timeout=3) == rows[3]
+        await behind.disconnect()
+        assert consumers.EXTRA.used == 0
+
+    run(scenario)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_board_messages_skip_channels_database_hop(monkeypatch: pytest.MonkeyPatch) -> None:
+    """channels runs ``close_old_connections`` in its one thread-sensitive thread before every
+    handler; a poll's rows for a thousand clients (and their acknowledgements) queued there.
+    The board consumer, which uses the database only through ``database_sync_to_async``, skips
+    it."""
+    import channels.consumer
+
+    hops = []
+    real = channels.consumer.aclose_old_connections
+
+    async def counted() -> None:
+        hops.append(1)
+        await real()
+
+    monkeypatch.setattr(channels.consumer, "aclose_old_connections", counted)
+    cookie = _cookie(make_user("vera", "viewer"))
+    layer = get_channel_layer()
+
+    async def scenario() -> None:
+        communicator = await _board(cookie)
+        await layer.group_send(BOARD_GROUP, _rows({1: _tr(1, 1)}))
+        assert await communicator.receive_from(timeout=3) == _tr(1, 1)
+        await communicator.send_to(text_data="ack")
+        await layer.group_send(BOARD_GROUP, _rows({1: _tr(1, 2)}))
+        assert await communicator.receive_from(timeout=3) == _tr(1, 2)
+        await communicator.disconnect()
+
+    run(scenario)
+    assert hops == []
 
 
 @pytest.mark.django_db(transaction=True)

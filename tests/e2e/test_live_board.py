@@ -209,6 +209,43 @@ def test_the_page_says_when_live_updates_stop_and_reloads_its_rows(
     tab.check_clean()
 
 
+def test_a_sample_time_in_a_frame_of_rows_moves_the_age_and_the_page_acks_once(
+    journey: Any, rabbit: tuple[Any, str]
+) -> None:
+    """Issue 29: a poll's sample time rides after its rows as ``<!--dlo {...}-->``; the page
+    moves its broker's "last sample" times from it, and acknowledges the message ("ack N")."""
+    from dashboard.consumers import folded, notice
+
+    _, queue = rabbit
+    channel = live_channel(queue)
+    tab = journey("oncall-live-folded")
+    tab.sign_in("otto", PASSWORD)
+    tab.go("/channels/")
+    routes: list[Any] = []
+    from_page: list[str] = []
+
+    def connect(route: Any) -> None:
+        server = route.connect_to_server()
+        route.on_message(lambda m: (from_page.append(m), server.send(m)))
+        routes.append(route)
+
+    tab.page.route_web_socket("**/ws/board/**", connect)
+    tab.go("/")
+    tab.wait_until(lambda: tab.page.evaluate("document.getElementById('board').__dloOpen"))
+    at = "2031-05-06T07:08:09+00:00"
+    sampled = notice("sampled", broker=channel.broker.pk, at=at)
+    row = tab.page.evaluate(  # the row as it is, pushed again (as a poll pushes rows)
+        "id => { const r = document.getElementById(id).cloneNode(true);"
+        " r.setAttribute('hx-swap-oob', 'true'); return r.outerHTML; }",
+        f"ch-{channel.pk}",
+    )
+    routes[0].send(row + folded(sampled))
+    when = tab.page.locator(f"#ch-{channel.pk} time[data-age]")
+    expect(when).to_have_attribute("datetime", at, timeout=10_000)
+    tab.wait_until(lambda: "ack 1" in from_page)
+    tab.check_clean()
+
+
 def test_d_on_the_entries_list_puts_focus_in_the_reason_box(journey: Any) -> None:
     """Issue 26.3: after ``d`` the discard preview's reason box has the focus (it was <body>,
     twelve Tabs away)."""
