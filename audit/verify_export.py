@@ -185,23 +185,58 @@ def check_signature(checkpoint, signature, keys):
     return key is not None and ed25519_verify(key, signed, base64.b64decode(signature))
 
 
+def _raw(path):
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        return os.read(fd, 65536)
+    finally:
+        os.close(fd)
+
+
 def _checkpoint_files(directory):
-    """(number named, path, checkpoint, signature) per file in order; one listdir and a raw
-    read per file (525,600 files for a year of minutely checkpoints)."""
+    """(number, path, checkpoint, signature, conflict) per checkpoint in number order: the
+    day segments (checkpoints-YYYYMMDD.jsonl, one file's JSON object a line) first, then the
+    checkpoint-N.json files for numbers no segment holds (a file a segment covers is not
+    opened: the same directory's copy, checked the same way). Two segments disagreeing about
+    a number is a conflict; a line that does not parse (cut short by a crash) is skipped, so
+    that number's file is read instead."""
     names = os.listdir(directory)
-    for name in sorted(n for n in names if n.startswith("checkpoint-") and n.endswith(".json")):
-        path = Path(directory, name)
-        digits = name[len("checkpoint-") : -len(".json")]
-        named = int(digits) if digits.isdigit() else -1
+    lines, conflicts = {}, {}
+    for name in sorted(n for n in names if n.startswith("checkpoints-") and n.endswith(".jsonl")):
         try:
-            fd = os.open(path, os.O_RDONLY)
+            data = Path(directory, name).read_bytes()
+        except OSError:
+            continue
+        for line in data.split(b"\n"):
             try:
-                data = json.loads(os.read(fd, 65536))
-            finally:
-                os.close(fd)
-            yield named, path, data["checkpoint"], data["signature"]
-        except (OSError, ValueError, KeyError, TypeError):
-            yield named, path, None, None
+                obj = json.loads(line)
+                number, value = (
+                    int(obj["checkpoint"]["number"]),
+                    (obj["checkpoint"], obj["signature"]),
+                )
+            except (ValueError, KeyError, TypeError):
+                continue
+            if lines.setdefault(number, (name, value))[1] != value:
+                conflicts[number] = f"{lines[number][0]} and {name} differ"
+    files = {}
+    for name in names:
+        if name.startswith("checkpoint-") and name.endswith(".json"):
+            digits = name[len("checkpoint-") : -len(".json")]
+            named = int(digits) if digits.isdigit() else -1
+            if named in lines:
+                continue
+            path = Path(directory, name)
+            try:
+                data = json.loads(_raw(path))
+                value = (data["checkpoint"], data["signature"])
+            except (OSError, ValueError, KeyError, TypeError):
+                value = None
+            files[named] = (path, value)
+    entries = {n: (Path(directory, lines[n][0]), *lines[n][1]) for n in lines}
+    entries.update({n: (path, *(value or (None, None))) for n, (path, value) in files.items()})
+    for number in sorted(entries):
+        path, cp, signature = entries[number]
+        yield number, path, cp, signature, conflicts.get(number)
 
 
 def read_checkpoints(directory, keys):
@@ -216,8 +251,10 @@ def read_checkpoints(directory, keys):
     files = _checkpoint_files(directory)
     following = next(files, None)
     while following is not None:
-        named, path, cp, signature = following
+        named, path, cp, signature, conflict = following
         following = next(files, None)
+        if conflict:
+            return good, f"BROKEN at checkpoint #{named}: {conflict} (a copy was altered)"
         if cp is None:
             return good, f"BROKEN at checkpoint #{named}: {path.name} is not a checkpoint"
         expected = len(good) + 1

@@ -284,6 +284,7 @@ def _store_events_and_checkpoints(total: int, checkpoints: int, directory: Path)
     spread tree sizes, each body built, signed and written as ``audit.checkpoints._write``
     does (the same format, key, canonical JSON, file naming and hard-link write)."""
     import base64
+    import datetime as dt
 
     from django.conf import settings
     from django.db import connection, transaction
@@ -312,6 +313,7 @@ def _store_events_and_checkpoints(total: int, checkpoints: int, directory: Path)
     triggers.drop(connection)  # sealed rows straight in, past the insert trigger
     sizes = iter([max(1, -(-i * total // checkpoints)) for i in range(1, checkpoints + 1)])
     next_size, number, prev_cp = next(sizes), 0, GENESIS
+    year_ago = timezone.now().astimezone(dt.UTC) - dt.timedelta(minutes=checkpoints + 1)
     start = time.perf_counter()
     while seq < total:
         n = min(2_000, total - seq)
@@ -324,11 +326,12 @@ def _store_events_and_checkpoints(total: int, checkpoints: int, directory: Path)
                 number += 1
                 body = {"format": FORMAT, "number": number, "tree_size": seq,
                         "root_hash": frontier.root(), "head_hash": prev,
-                        "time": timezone.now().strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+                        "time": (year_ago + dt.timedelta(minutes=number))
+                        .strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
                         "prev_checkpoint": prev_cp, "key_id": kid}  # fmt: skip
                 signature = base64.b64encode(key.sign(canonical_json(body).encode()))
                 cp = Checkpoint(body, signature.decode("ascii"))
-                _write_file(directory, cp)
+                _write_file(directory, cp, sync=False)  # a day segment each 1,440
                 prev_cp = cp.digest()
                 next_size = next(sizes, -1)
         with transaction.atomic():

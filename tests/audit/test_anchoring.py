@@ -214,9 +214,18 @@ def test_rechained_history_with_recomputed_copies_is_still_named(anchored: Path)
 
 
 # -- tampering with checkpoints --------------------------------------------------------------
+# A directory written before day segments existed (files only); with segments, see
+# tests/audit/test_checkpoint_segments.py.
+
+
+def files_only(directory: Path) -> Path:
+    for segment in directory.glob("checkpoints-*.jsonl"):
+        segment.unlink()
+    return directory
 
 
 def test_forged_checkpoint_is_named(anchored: Path) -> None:
+    files_only(anchored)
     path = anchored / filename(1)
     data = json.loads(path.read_text())
     data["checkpoint"]["tree_size"] = 4
@@ -227,6 +236,7 @@ def test_forged_checkpoint_is_named(anchored: Path) -> None:
 
 
 def test_checkpoint_signed_by_an_attackers_key_is_named(anchored: Path) -> None:
+    files_only(anchored)
     path = anchored / filename(2)
     data = json.loads(path.read_text())
     mallory = Ed25519PrivateKey.generate()
@@ -242,6 +252,7 @@ def test_checkpoint_signed_by_an_attackers_key_is_named(anchored: Path) -> None:
 
 
 def test_reordered_checkpoints_are_named(anchored: Path) -> None:
+    files_only(anchored)
     one, two = anchored / filename(1), anchored / filename(2)
     text_one, text_two = one.read_text(), two.read_text()
     one.write_text(text_two)
@@ -252,6 +263,7 @@ def test_reordered_checkpoints_are_named(anchored: Path) -> None:
 
 
 def test_deleted_checkpoint_is_named(anchored: Path) -> None:
+    files_only(anchored)
     (anchored / filename(1)).unlink()
     result = verify(anchored)
     assert not result.ok and result.bad_checkpoint == 1
@@ -259,6 +271,7 @@ def test_deleted_checkpoint_is_named(anchored: Path) -> None:
 
 
 def test_deleted_latest_checkpoint_is_named(anchored: Path) -> None:
+    files_only(anchored)
     (anchored / filename(2)).unlink()
     result = verify(anchored)
     assert not result.ok and result.bad_checkpoint == 2

@@ -257,7 +257,7 @@ def test_every_checkpoint_deleted_and_counter_reset_is_broken(signing: Path) -> 
     assert write_checkpoint() is not None
     write_events(2)
     assert write_checkpoint() is not None
-    for path in signing.glob("checkpoint-*.json"):
+    for path in signing.glob("checkpoint*"):  # the files and the day segments
         path.unlink()
     AuditHead.objects.filter(pk=1).update(checkpoint_number=0, checkpoint_tree_size=0)
     later = dt.datetime.now(dt.UTC) + dt.timedelta(hours=1)  # the log is an hour old
@@ -284,6 +284,10 @@ def test_newest_checkpoints_deleted_below_the_logs_record_is_broken(signing: Pat
     assert [cp.number for cp in read_dir(signing)] == [1, 2]
     assert verify_chain(checkpoint_dir=signing).ok
     (signing / filename(2)).unlink()
+    for segment in signing.glob("checkpoints-*.jsonl"):  # and its line in the day segment
+        kept = [x for x in segment.read_text().splitlines() if '"number":2,' not in x]
+        segment.write_text("".join(f"{x}\n" for x in kept))
+    assert [cp.number for cp in read_dir(signing)] == [1]
     AuditHead.objects.filter(pk=1).update(checkpoint_number=1)
     result = verify_chain(checkpoint_dir=signing)
     assert not result.ok, result.summary()

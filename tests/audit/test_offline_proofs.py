@@ -110,7 +110,17 @@ def test_full_export_verifies_against_signed_checkpoints(
     done = run(str(path), "--checkpoints", str(anchored / "checkpoints"), "--public-key", key)
     assert done.returncode == 0, done.stdout
     assert "2 signed checkpoints matched" in done.stdout
-    # A checkpoint forged in the directory stops the offline verifier by number.
+    # A checkpoint forged in the directory stops the offline verifier by number: in the day
+    # segment the verifier reads, and in the file of a directory from before segments.
+    [segment] = (anchored / "checkpoints").glob("checkpoints-*.jsonl")
+    lines = segment.read_text().splitlines()
+    forged = json.loads(lines[0])
+    forged["checkpoint"]["root_hash"] = "0" * 64
+    segment.write_text("\n".join([json.dumps(forged), *lines[1:]]) + "\n")
+    done = run(str(path), "--checkpoints", str(anchored / "checkpoints"), "--public-key", key)
+    assert done.returncode == 1
+    assert done.stdout.strip() == "BROKEN at checkpoint #1: signature does not verify"
+    segment.unlink()  # the files alone (a directory from before day segments)
     cp = anchored / "checkpoints" / "checkpoint-000000000001.json"
     data = json.loads(cp.read_text())
     data["checkpoint"]["root_hash"] = "0" * 64

@@ -258,6 +258,21 @@ def test_a_key_holders_rewrite_is_caught_by_the_consistency_proof(
     assert len(seen.read_text().splitlines()) == 2  # the state keeps the last good head
 
 
+def drop_checkpoints(directory: Path, first: int) -> None:
+    """What a host attacker deletes to roll the history back to before ``first``: the files
+    and their lines in the day segments."""
+    for path in directory.glob("checkpoint-*.json"):
+        if int(path.stem.removeprefix("checkpoint-")) >= first:
+            path.unlink()
+    for segment in directory.glob("checkpoints-*.jsonl"):
+        kept = [
+            line
+            for line in segment.read_text().splitlines()
+            if int(json.loads(line)["checkpoint"]["number"]) < first
+        ]
+        segment.write_text("".join(f"{line}\n" for line in kept))
+
+
 def test_a_key_holders_rewrite_resigned_from_scratch_is_caught(
     signing: Path, seen: Path, log: ClientLog, pinned: tuple[str, bytes], settings: Any
 ) -> None:
@@ -265,8 +280,7 @@ def test_a_key_holders_rewrite_resigned_from_scratch_is_caught(
     says OK (the key holder controls everything it checks); the witness does not, and
     ``audit verify --witness`` names it."""
     rewrite_event_3(signing)
-    for path in (signing / "checkpoints").glob("checkpoint-*.json"):
-        path.unlink()
+    drop_checkpoints(signing / "checkpoints", 1)
     AuditHead.objects.filter(pk=1).update(checkpoint_number=0, checkpoint_tree_size=0)
     write_checkpoint(force=True)
     write_checkpoint(force=True)
@@ -285,7 +299,7 @@ def test_a_rollback_is_caught(
     signing: Path, seen: Path, log: ClientLog, pinned: tuple[str, bytes]
 ) -> None:
     """The newest checkpoint file deleted and the head's counter set back."""
-    (signing / "checkpoints" / filename(2)).unlink()
+    drop_checkpoints(signing / "checkpoints", 2)
     AuditHead.objects.filter(pk=1).update(checkpoint_number=1)
     with pytest.raises(witness.Inconsistent, match="rollback: the log shows checkpoint #1"):
         witnessed(log, pinned, seen)
@@ -299,7 +313,7 @@ def test_a_cut_is_caught_and_so_is_its_regrowth(
     raw(f"DELETE FROM {TABLE} WHERE seq >= 8")
     recompute_from(10**9)
     rebuild_tree()
-    (signing / "checkpoints" / filename(2)).unlink()
+    drop_checkpoints(signing / "checkpoints", 2)
     AuditHead.objects.filter(pk=1).update(checkpoint_number=1)
     write_checkpoint()
     with pytest.raises(witness.Inconsistent, match="rollback: .* 7 events, but this witness"):
@@ -403,7 +417,7 @@ def test_the_witness_script_over_http(signing: Path, live_server: Any) -> None:
     write_events(4)
     write_checkpoint()
     assert run().returncode == 0
-    (signing / "checkpoints" / filename(2)).unlink()
+    drop_checkpoints(signing / "checkpoints", 2)
     AuditHead.objects.filter(pk=1).update(checkpoint_number=1)
     rolled = run()
     assert rolled.returncode == 1
