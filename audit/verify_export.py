@@ -201,7 +201,8 @@ def _checkpoint_files(directory):
     a number is a conflict; a line that does not parse (cut short by a crash) is skipped, so
     that number's file is read instead."""
     names = os.listdir(directory)
-    lines, conflicts = {}, {}
+    lines: dict[int, tuple[str, tuple[dict, str]]] = {}
+    conflicts: dict[int, str] = {}
     for name in sorted(n for n in names if n.startswith("checkpoints-") and n.endswith(".jsonl")):
         try:
             data = Path(directory, name).read_bytes()
@@ -226,12 +227,13 @@ def _checkpoint_files(directory):
             if named in lines:
                 continue
             path = Path(directory, name)
+            on_file: tuple[dict, str] | None
             try:
                 data = json.loads(_raw(path))
-                value = (data["checkpoint"], data["signature"])
+                on_file = (data["checkpoint"], data["signature"])
             except (OSError, ValueError, KeyError, TypeError):
-                value = None
-            files[named] = (path, value)
+                on_file = None
+            files[named] = (path, on_file)
     entries = {n: (Path(directory, lines[n][0]), *lines[n][1]) for n in lines}
     entries.update({n: (path, *(value or (None, None))) for n, (path, value) in files.items()})
     for number in sorted(entries):
