@@ -7,7 +7,10 @@ the board's last poll, and once more a moment later to show movement. A board nu
 when it lies between the reads before and after its poll (the ground-truth harness's rule,
 ``tests/truth/harness.py``); a number the broker cannot report is *unknown*, never a
 mismatch. "Stored, awaiting triage" is the dashboard's own count, compared with the database
-at the same moment. Definitions: ``docs/health.md``.
+at the same moment. On RabbitMQ the management API's statistics (what the board is polled
+from) trail the queue by up to their interval, so ready counts and consumers are read live over
+AMQP as well (see ``read_broker``), and the comparison polls again while a number differs, for
+a bounded time (``compare_until_agreed``). Definitions: ``docs/health.md``.
 """
 
 from __future__ import annotations
@@ -73,6 +76,10 @@ class ChannelComparison:
     poll: str
     rows: list[Row]
     error: str = ""
+    #: Polls it took to agree, how long that waited, and what differed after the first one.
+    polls: int = 1
+    waited_s: float = 0.0
+    first_differ: list[str] = dataclasses.field(default_factory=list)
 
     @property
     def agrees(self) -> bool:
@@ -86,15 +93,33 @@ class ChannelComparison:
             "poll": self.poll,
             "agrees": self.agrees,
             "error": self.error,
+            "polls": self.polls,
+            "waited_s": round(self.waited_s, 1),
+            "first_differ": self.first_differ,
             "rows": [r.as_dict() for r in self.rows],
         }
 
 
 def read_broker(channel: Channel) -> dict[str, int | None]:
     """What the broker says now, in the board's numbers (same adapter, same translation), and
-    the database's count of stored entries awaiting triage. Raises ``BrokerError``."""
+    the database's count of stored entries awaiting triage. RabbitMQ: its management API
+    serves statistics up to one interval old, the very figures the board was polled from, so
+    what AMQP reports live (ready counts and consumers, by passive declare: what
+    ``rabbitmqctl list_queues`` says) replaces them; the rest exists only in those
+    statistics. Raises ``BrokerError``."""
+    numbers = _read(channel, management=True)
+    if channel.broker.kind == BrokerKind.RABBITMQ and channel.broker.management_url:
+        live = _read(channel, management=False)
+        numbers.update({k: v for k, v in live.items() if v is not None and k not in _STORED})
+    return numbers
+
+
+def _read(channel: Channel, *, management: bool) -> dict[str, int | None]:
     broker = channel.broker
-    adapter = get_adapter(broker.kind, broker.connection_url(), **broker.adapter_options())
+    options = broker.adapter_options()
+    if not management:
+        options["management_url"] = None  # the adapter then reads over AMQP alone
+    adapter = get_adapter(broker.kind, broker.connection_url(), **options)
     adapter.active_idle_s = float(settings.DLO_HEALTH_STALL_S)
     installation = installation_id() if broker.kind == BrokerKind.NATS else ""
     addresses = channel_addresses(channel, broker.kind, installation)
@@ -124,6 +149,28 @@ def verdict(board: int | None, before: int | None, after: int | None) -> str:
     if board is None:
         return DIFFER
     return AGREE if min(before, after) <= board <= max(before, after) else DIFFER
+
+
+def compare_until_agreed(
+    channel: Channel, *, poll: bool = True, deadline_s: float | None = None
+) -> ChannelComparison:
+    """``compare_channel`` again (a new poll each time) while a number differs, up to
+    ``deadline_s`` (default: three RabbitMQ statistics intervals, 5 s elsewhere): the board may
+    trail the broker by one poll, and on RabbitMQ by its statistics interval (docs/health.md).
+    What differed after the first poll is kept, so a board that needed the wait says so."""
+    started = time.monotonic()
+    if deadline_s is None:
+        rabbit = channel.broker.kind == BrokerKind.RABBITMQ
+        deadline_s = 3 * RABBIT_STATS_S if rabbit else 5.0
+    first = result = compare_channel(channel, poll=poll)
+    polls = 1
+    while poll and not result.agrees and time.monotonic() - started < deadline_s:
+        time.sleep(1.0)
+        result = compare_channel(channel, poll=poll)
+        polls += 1
+    result.polls, result.waited_s = polls, time.monotonic() - started
+    result.first_differ = [r.label for r in first.rows if r.verdict == DIFFER]
+    return result
 
 
 def compare_channel(
@@ -171,7 +218,11 @@ def render(comparisons: list[ChannelComparison]) -> list[str]:
     ]
     for c in comparisons:
         word = "agree" if c.agrees else "DIFFER"
+        if c.polls > 1:
+            word += f" after {c.polls} polls ({c.waited_s:.0f} s)"
         lines.append(f"{c.channel} ({c.broker_kind}): board {c.state}, poll {c.poll} — {word}")
+        if c.first_differ:
+            lines.append(f"  after the first poll these differed: {', '.join(c.first_differ)}")
         if c.error:
             lines.append(f"  broker read failed: {c.error}")
         for r in c.rows:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import random
-import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -391,13 +390,9 @@ def test_comparison_agrees_after_a_poll_and_flags_a_stored_number_that_differs(
     try:
         channel = topology.declare(item, names, Actor.system("demo")).channel
         # RabbitMQ's management API lists a new queue within its statistics interval (5 s):
-        # until then its numbers are unknown. Bounded wait.
-        for _ in range(30):
-            first = compare.compare_channel(channel, settle_s=0.1)
-            by_label = {r.label: r for r in first.rows}
-            if by_label["backlog"].broker is not None:
-                break
-            time.sleep(0.5)
+        # until then the board trails what AMQP reads live. Bounded wait, new poll each time.
+        first = compare.compare_until_agreed(channel, deadline_s=20.0)
+        by_label = {r.label: r for r in first.rows}
         assert first.poll == "ok" and first.agrees, first
         # A fresh, empty topology: the known state, read by the board and the broker alike.
         assert by_label["backlog"].board == by_label["backlog"].broker == 0

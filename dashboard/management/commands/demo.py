@@ -137,7 +137,7 @@ class Command(BaseCommand):
         # 5. Summary, then the board beside the brokers (after the last poll + ingest).
         elapsed = time.monotonic() - started
         comparisons = [
-            compare.compare_channel(result.channel, poll=not options["no_ops"])
+            compare.compare_until_agreed(result.channel, poll=not options["no_ops"])
             for _, _, result in declared
         ]
         self._summary(runs, declared, ops, elapsed, options["report"], comparisons)
