@@ -15,8 +15,8 @@ from django.core.management import call_command
 from audit.actions import Actor
 from audit.models import AuditEvent
 from channels_registry.checks import check_channel
-from channels_registry.models import Broker, BrokerKind, Channel
-from dashboard.demo import topology
+from channels_registry.models import Broker, BrokerKind, Channel, ChannelHealth
+from dashboard.demo import compare, topology
 from dashboard.demo.consumers import (
     KEY_HEADER,
     DedupStore,
@@ -261,8 +261,15 @@ def test_demo_runs_traffic_through_every_path_on_the_reachable_brokers(
             "--dedup-max", "50",
             "--report", str(report_path),
         )  # fmt: skip
-        report = {r["broker"]: r for r in json.loads(report_path.read_text())["brokers"]}
+        written = json.loads(report_path.read_text())
+        report = {r["broker"]: r for r in written["brokers"]}
         assert set(report) == {f.kind for f in found if f.reachable}
+        # The end-of-run comparison: the board agrees with each broker, number by number.
+        compared = {c["broker"]: c for c in written["board_vs_broker"]}
+        assert set(compared) == set(report)
+        for kind, c in compared.items():
+            assert c["poll"] == "ok" and c["agrees"], (kind, c)
+            assert {r["label"] for r in c["rows"]} == {label for label, _ in compare.NUMBERS}
         for kind, r in report.items():
             channel = Channel.objects.get(slug=topology.names_for(prefix, kind).slug)
             assert channel.error_count == 0
@@ -352,3 +359,52 @@ def test_demo_rabbitmq_consumer_dead_letters_by_rejecting_so_the_broker_records_
             link.close()
     finally:
         topology._rabbitmq_delete(url, names, 5.0)
+
+
+# --- the end-of-run comparison, board vs broker ----------------------------------------------
+
+
+def test_comparison_verdict_treats_what_the_broker_cannot_tell_as_unknown() -> None:
+    assert compare.verdict(5, 5, 5) == compare.AGREE
+    assert compare.verdict(6, 5, 8) == compare.AGREE  # moved between the reads
+    assert compare.verdict(9, 5, 8) == compare.DIFFER
+    assert compare.verdict(None, 5, 5) == compare.DIFFER  # the board hides a known number
+    assert compare.verdict(5, None, None) == compare.UNKNOWN
+    assert compare.verdict(None, None, None) == compare.UNKNOWN
+
+
+@pytest.mark.broker
+@pytest.mark.django_db
+@pytest.mark.parametrize("kind", topology.KINDS)
+def test_comparison_agrees_after_a_poll_and_flags_a_stored_number_that_differs(
+    kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    env, default = topology.URL_ENV[kind]
+    monkeypatch.setenv(env, default)
+    monkeypatch.setenv(*topology.MANAGEMENT_ENV)
+    (item,) = [f for f in topology.detect(timeout=2.0) if f.kind == kind]
+    if not item.reachable:
+        broker_required(item.label, RuntimeError(item.detail))
+    names = topology.names_for("t" + uuid.uuid4().hex[:8], kind)
+    topology.create_topology(item, names, 2.0)
+    try:
+        channel = topology.declare(item, names, Actor.system("demo")).channel
+        # RabbitMQ's management API lists a new queue within its statistics interval (5 s):
+        # until then the board trails what AMQP reads live. Bounded wait, new poll each time.
+        first = compare.compare_until_agreed(channel, deadline_s=20.0)
+        by_label = {r.label: r for r in first.rows}
+        assert first.poll == "ok" and first.agrees, first
+        # A fresh, empty topology: the known state, read by the board and the broker alike.
+        assert by_label["backlog"].board == by_label["backlog"].broker == 0
+        assert by_label["DLQ stored"].board == by_label["DLQ stored"].broker == 0
+        # The board's stored number altered: the comparison (without a new poll) must see it.
+        ChannelHealth.objects.filter(channel=channel).update(backlog=7, dlq_unresolved=3)
+        second = compare.compare_channel(channel, poll=False, settle_s=0.1)
+        verdicts = {r.label: r.verdict for r in second.rows}
+        assert not second.agrees
+        assert verdicts["backlog"] == verdicts["DLQ stored"] == compare.DIFFER
+        assert verdicts["DLQ on broker"] == compare.AGREE
+        text = "\n".join(compare.render([second]))
+        assert "DIFFER" in text and "backlog" in text
+    finally:
+        topology.teardown_topology(item, names, 2.0)

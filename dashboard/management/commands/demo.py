@@ -15,7 +15,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from audit.actions import Actor
-from dashboard.demo import runner, topology
+from dashboard.demo import compare, runner, topology
 
 
 class Command(BaseCommand):
@@ -134,8 +134,13 @@ class Command(BaseCommand):
         if not options["no_ops"]:
             ops.run_once()  # where the run ended, on the board and in triage
 
-        # 5. Summary.
-        self._summary(runs, declared, ops, time.monotonic() - started, options["report"])
+        # 5. Summary, then the board beside the brokers (after the last poll + ingest).
+        elapsed = time.monotonic() - started
+        comparisons = [
+            compare.compare_until_agreed(result.channel, poll=not options["no_ops"])
+            for _, _, result in declared
+        ]
+        self._summary(runs, declared, ops, elapsed, options["report"], comparisons)
 
     def _main_loop(
         self, stop: threading.Event, started: float, seconds: float, ops: runner.Ops, no_ops: bool
@@ -165,6 +170,7 @@ class Command(BaseCommand):
         ops: runner.Ops,
         elapsed: float,
         report_path: str | None,
+        comparisons: list[compare.ChannelComparison],
     ) -> None:
         reports = [run.report() for run in runs]
         for report, (_, _, result) in zip(reports, declared, strict=True):
@@ -185,10 +191,19 @@ class Command(BaseCommand):
                 lines.append(f"  last error: {r['last_error']}")
         if ops.errors:
             lines.append(f"poll/ingest errors (last): {ops.errors[-1]}")
+        lines.extend(compare.render(comparisons))
         self.stdout.write("\n".join(lines))
         if report_path:
             with open(report_path, "w", encoding="utf-8") as fh:
-                json.dump({"elapsed_s": elapsed, "brokers": reports}, fh, indent=2)
+                json.dump(
+                    {
+                        "elapsed_s": elapsed,
+                        "brokers": reports,
+                        "board_vs_broker": [c.as_dict() for c in comparisons],
+                    },
+                    fh,
+                    indent=2,
+                )
 
 
 @contextmanager
