@@ -32,7 +32,7 @@ from dlq.actions import do_approve_plan, do_cancel_plan
 from dlq.models import PlanStatus
 from dlq.replay_models import ReplayPlan
 from tests.alerts.conftest import Receiver, set_health, webhook
-from tests.conftest import make_channel, make_user
+from tests.conftest import client_for, make_channel, make_user
 from tests.dlq.conftest import letter, store
 from tests.dlq.replay_helpers import plan_for
 
@@ -165,3 +165,15 @@ def test_the_approval_rule_is_not_overridden_per_channel() -> None:
     override = RuleOverride(channel=make_channel(), rule=RuleKey.APPROVAL_PENDING)
     with pytest.raises(ValidationError, match="silence it instead"):
         override.full_clean()
+
+
+def test_the_alert_page_shows_the_plan_with_hostile_text_escaped(oncall: User) -> None:
+    plan = _waiting_plan(oncall, reason="<script>alert(1)</script> the consumer is fixed")
+    do_evaluate_alerts(timezone.now())
+    alert = _approval_alert(plan)
+    html = client_for(oncall).get(alert.get_absolute_url()).content.decode()
+    assert f"replay plan #{plan.pk} of 5 entries by otto awaits approval" in html
+    assert "<script>alert(1)</script>" not in html
+    assert "&lt;script&gt;alert(1)&lt;/script&gt; the consumer is fixed" in html
+    listing = client_for(oncall).get("/alerts/").content.decode()
+    assert "Plan awaits approval" in listing
