@@ -12,6 +12,7 @@ from django.http import HttpRequest
 
 from alerts.actions import do_delete_destination, do_save_destination
 from alerts.models import Destination, RuleKey, RuleOverride
+from alerts.rule_keys import NOT_CHANNEL_RULES
 from audit.actions import Actor
 
 
@@ -75,7 +76,7 @@ class DestinationAdmin(admin.ModelAdmin):
 
 
 class RuleOverrideForm(forms.ModelForm):
-    rule = forms.ChoiceField(choices=[c for c in RuleKey.choices if c[0] != RuleKey.POLLER_STALE])
+    rule = forms.ChoiceField(choices=[c for c in RuleKey.choices if c[0] not in NOT_CHANNEL_RULES])
 
     class Meta:
         model = RuleOverride

@@ -37,11 +37,13 @@ from alerts.models import (
     Silence,
     Transition,
 )
+from alerts.notify import absolute_url
 from alerts.notify_tasks import deliver_notifications_task
 from channels_registry.health import POINT_FIELDS, DlqFlag, HealthState
 from channels_registry.models import Broker, BrokerPollState, Channel, ChannelHealth
 from channels_registry.polling import stale_after_s
 from dlq.models import RESOLVED, DeadLetter, Source
+from dlq.replay_models import PlanStatus, ReplayPlan
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +76,10 @@ def channel_key(rule: str, channel_id: int) -> str:
 
 def broker_key(broker_id: int) -> str:
     return f"{RuleKey.POLLER_STALE}:b{broker_id}"
+
+
+def plan_key(plan_id: int) -> str:
+    return f"{RuleKey.APPROVAL_PENDING}:p{plan_id}"
 
 
 def group_wait_s() -> float:
@@ -357,6 +363,7 @@ def _evaluate(now: dt.datetime) -> _Run:
     run = _Run(now, active)
     fresh = _poller_rules(run, brokers, poll_states)
     _channel_rules(run, poll_states, fresh)
+    _approval_rules(run)
     # 4. Alerts whose rule no longer applies.
     for key in [k for k in run.active if k not in run.seen]:
         run.retire(key, "The rule no longer applies: disabled, or the channel was removed.")
@@ -436,6 +443,38 @@ def _channel_rules(
         for spec in specs[channel.pk]:
             obs = rules.observe(spec, facts)
             run.apply(channel_key(spec.rule, channel.pk), spec, obs, channel.broker, channel)
+
+
+def _approval_rules(run: _Run) -> None:
+    """3c. Plan awaits approval, per plan: the plans awaiting approval, and the plans of the
+    active approval alerts (approved, rejected or cancelled since: they resolve). One query.
+
+    The alert's channel is the plan's, so destinations route it by owner team and a silence
+    of the channel or of the rule mutes it, as every channel alert. Disabled channels and
+    brokers count too: their plans still wait for a person."""
+    prefix = f"{RuleKey.APPROVAL_PENDING}:p"
+    tracked = [int(k.removeprefix(prefix)) for k in run.active if k.startswith(prefix)]
+    plans = (
+        ReplayPlan.objects.filter(Q(status=PlanStatus.AWAITING_APPROVAL) | Q(pk__in=tracked))
+        .select_related("channel__broker")
+        .defer("selection", "freeze_spec", "warnings")
+        .order_by("pk")
+    )
+    spec = rules.approval_spec()
+    for plan in plans:
+        facts = rules.PlanFacts(
+            plan_id=plan.pk,
+            kind=plan.get_kind_display().lower(),
+            awaiting=plan.status == PlanStatus.AWAITING_APPROVAL,
+            status_label=plan.get_status_display(),
+            requester=plan.requested_by_username,
+            total=plan.total,
+            channel=plan.channel.slug,
+            reason=plan.reason,
+            url=absolute_url(plan.get_absolute_url()),
+        )
+        channel = plan.channel
+        run.apply(plan_key(plan.pk), spec, rules.observe_plan(facts), channel.broker, channel)
 
 
 def _mute(run: _Run) -> None:

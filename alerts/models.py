@@ -19,7 +19,7 @@ from django.db import models
 from django.db.models import Q
 from django.urls import reverse
 
-from alerts.rule_keys import THRESHOLD_RULES, WINDOW_RULES, RuleKey, Severity
+from alerts.rule_keys import NOT_CHANNEL_RULES, THRESHOLD_RULES, WINDOW_RULES, RuleKey, Severity
 from channels_registry.models import Broker, Channel
 
 SEVERITY_RANK = {Severity.WARNING: 1, Severity.CRITICAL: 2}
@@ -66,6 +66,8 @@ class RuleOverride(models.Model):
         errors: dict[str, str] = {}
         if self.rule == RuleKey.POLLER_STALE:
             errors["rule"] = "The poller-stale rule belongs to the broker, not a channel."
+        elif self.rule in NOT_CHANNEL_RULES:
+            errors["rule"] = "This rule belongs to replay plans, not a channel: silence it instead."
         if self.threshold is not None and self.rule not in THRESHOLD_RULES:
             errors["threshold"] = "Change this rule's threshold on the channel's alert fields."
         if self.threshold is not None and self.threshold < 0:

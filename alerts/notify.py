@@ -104,7 +104,8 @@ def verify_signature(secret: str, body: bytes, header: str) -> bool:
     return hmac.compare_digest(sign(secret, body), header)
 
 
-def _absolute(path: str) -> str:
+def absolute_url(path: str) -> str:
+    """``path`` under ``DLO_BASE_URL`` (the address people open the dashboard at)."""
     base = str(getattr(settings, "DLO_BASE_URL", "") or "").rstrip("/")
     return base + path
 
@@ -131,7 +132,7 @@ def alert_payload(n: Notification) -> dict[str, Any]:
         "resolved_at": a.resolved_at.isoformat() if a.resolved_at else None,
         "evidence": a.evidence if n.transition == Transition.FIRING else a.resolve_evidence,
         "runbook_url": (a.channel.runbook_url or None) if a.channel else None,
-        "url": _absolute(a.get_absolute_url()),
+        "url": absolute_url(a.get_absolute_url()),
     }
 
 
@@ -157,7 +158,7 @@ def _lines(rows: Sequence[Notification]) -> list[str]:
         mark = "FIRING" if r.transition == Transition.FIRING else "RESOLVED"
         lines.append(
             f"[{mark}] {a.severity} {a.get_rule_display()} · {a.subject}: {a.summary}"
-            f" — {_absolute(a.get_absolute_url())}"
+            f" — {absolute_url(a.get_absolute_url())}"
         )
     return lines
 
@@ -173,12 +174,18 @@ def _title(rows: Sequence[Notification]) -> str:
     return f"Dead Letter Office · {broker}: {', '.join(parts)}"
 
 
+def slack_escape(text: str) -> str:
+    """Slack's control characters escaped, so names and summaries (a requester's name, a
+    reason, a broker's evidence) cannot mention ``<!channel>`` or forge a link."""
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
 def render(
     dest: Destination, batch: str, rows: Sequence[Notification], now: dt.datetime
 ) -> tuple[bytes, dict[str, str]]:
     """The HTTP body and headers of one webhook message."""
     if dest.kind == DestinationKind.SLACK:
-        text = "*" + _title(rows) + "*\n" + "\n".join(_lines(rows))
+        text = "*" + slack_escape(_title(rows)) + "*\n" + slack_escape("\n".join(_lines(rows)))
         return json.dumps({"text": text}).encode("utf-8"), {"Content-Type": "application/json"}
     body = json.dumps(message_payload(batch, rows, now), sort_keys=True).encode("utf-8")
     headers = {

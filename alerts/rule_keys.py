@@ -24,6 +24,7 @@ class RuleKey(models.TextChoices):
     POISONED = "poisoned", "Poisoned"
     NO_CONSUMERS = "no-consumers", "No active consumers"
     POLLER_STALE = "poller-stale", "Poller stale"
+    APPROVAL_PENDING = "approval-pending", "Plan awaits approval"
 
 
 class Severity(models.TextChoices):
@@ -35,3 +36,5 @@ class Severity(models.TextChoices):
 THRESHOLD_RULES = {RuleKey.DLQ_AGE, RuleKey.DLQ_INFLOW, RuleKey.POISON_INFLOW}
 #: Rules counting over a window.
 WINDOW_RULES = {RuleKey.DLQ_INFLOW, RuleKey.POISON_INFLOW}
+#: Rules that are not a channel's: a per-channel override of them means nothing.
+NOT_CHANNEL_RULES = {RuleKey.POLLER_STALE, RuleKey.APPROVAL_PENDING}

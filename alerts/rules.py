@@ -12,7 +12,12 @@ value per rule (``observe``) and moves the rule's alert through its states (``st
 3. Unknown (``None``) holds: a rule that cannot be measured neither fires nor resolves (a stale
    poller must not resolve fifty alerts, nor raise them).
 4. Inhibition: a pending or firing poller-stale alert mutes every channel alert of its broker;
-   a few channel rules mute a narrower one with the same cause (``INHIBITS``).
+   a few channel rules mute a narrower one with the same cause (``INHIBITS``). A plan awaiting
+   approval is never inhibited: it asks a person for a decision whatever the broker does.
+
+Every plan awaiting a second person's approval gets a plan-awaits-approval rule
+(``approval_spec``, ``observe_plan``): it fires at once and resolves as soon as the plan is
+approved, rejected or cancelled.
 """
 
 from __future__ import annotations
@@ -36,6 +41,8 @@ INHIBITS: dict[str, set[str]] = {
     RuleKey.STALLED: {RuleKey.BACKLOG, RuleKey.LAG, RuleKey.MESSAGE_AGE},
     RuleKey.POISON_DEPTH: {RuleKey.POISON_INFLOW},
 }
+#: Rules no other alert mutes (a plan awaiting approval is not caused by the broker).
+NEVER_INHIBITED = {RuleKey.APPROVAL_PENDING}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -191,6 +198,11 @@ def enabled_rules(channel: Any, overrides: Mapping[str, Override] | None = None)
     return {s.rule for s in channel_specs(channel, overrides)}
 
 
+def approval_spec() -> RuleSpec:
+    """Plan awaits approval: fires at once (a person is waiting), resolves at once."""
+    return _boolean(RuleKey.APPROVAL_PENDING, Severity.WARNING, for_s=0, clear_for_s=0)
+
+
 def broker_spec(stale_after_s: float) -> RuleSpec:
     """Poller stale: no successful poll for ``stale_after_s``; clears at half of it."""
     return RuleSpec(
@@ -322,6 +334,47 @@ def observe_poller(
     )
 
 
+@dataclasses.dataclass(frozen=True)
+class PlanFacts:
+    """A replay/discard plan as the approval rule sees it."""
+
+    plan_id: int
+    kind: str  # "replay" or "discard"
+    awaiting: bool
+    status_label: str
+    requester: str
+    total: int
+    channel: str
+    reason: str
+    url: str
+
+
+#: How much of a requester's name and reason an alert repeats (the summary has 300 chars).
+_NAME_CHARS = 60
+_REASON_CHARS = 200
+
+
+def _clip(text: str, n: int) -> str:
+    text = " ".join(text.split())  # no line breaks of the requester's in a one-line summary
+    return text if len(text) <= n else text[: n - 1] + "…"
+
+
+def observe_plan(facts: PlanFacts) -> Observation:
+    """1 while the plan awaits approval, 0 once it does not. The summary names the plan, its
+    requester, its size and the link to its page (the link first-class, never cut off)."""
+    who = _clip(facts.requester, _NAME_CHARS) or "unknown"
+    head = f"{facts.kind} plan #{facts.plan_id} of {fmt_int(facts.total)} entries by {who}"
+    if facts.awaiting:
+        summary = f"{head} awaits approval: {facts.url}"
+    else:
+        summary = f"{head} no longer awaits approval ({facts.status_label.lower()}): {facts.url}"
+    evidence = (
+        f"channel {_clip(facts.channel, 100)}",
+        f"reason: {_clip(facts.reason, _REASON_CHARS)}",
+    )
+    return Observation(float(facts.awaiting), summary, evidence)
+
+
 # --- The state machine ---------------------------------------------------------------------
 
 
@@ -385,7 +438,7 @@ def inhibited(
     muted = set()
     for item in items:
         rule, broker_id, channel_id = item
-        if channel_id is None:
+        if channel_id is None or rule in NEVER_INHIBITED:
             continue
         if broker_id in stale_brokers:
             muted.add(item)
