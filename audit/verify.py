@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import threading
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -222,17 +223,9 @@ def verify_log(
     head = AuditHead.objects.filter(pk=1).first()
     checkpoints: list[Checkpoint] = []
     if checkpoint_dir is not None:
-        check = verify_chain_of_checkpoints(
-            read_dir(checkpoint_dir),
-            trusted_keys(public_keys),
-            expected_last=head.checkpoint_number if head else 0,
-        )
-        if not check.ok:
-            return VerifyResult(False, 0, None, "", None, check.problem, [], check.bad_number)
-        checkpoints = check.checkpoints
-        history = checkpoint_history_problem(checkpoints, head)
-        if history:
-            return VerifyResult(False, 0, None, "", None, history, [], None)
+        checkpoints, refused = _signed_checkpoints(checkpoint_dir, public_keys, head)
+        if refused is not None:
+            return refused
     anchors = find_anchors()
     if anchors.problem:
         return VerifyResult(False, 0, None, "", anchors.bad_seq, anchors.problem)
@@ -241,25 +234,12 @@ def verify_log(
     walk.notes.extend(rules.notes)
     walk.tolerated = anchors.tolerated
     pending = [cp for cp in checkpoints if cp.tree_size > 0]
-    matched = 0
     sizes: dict[int, Checkpoint | None] = {cp.tree_size: cp for cp in pending}
     if anchors.legacy_events:
         sizes.setdefault(anchors.legacy_events, None)  # the root the re-anchor commits to
     if witnessed is not None:
         sizes.setdefault(witnessed.tree_size, witnessed)
-    roots: dict[int, tuple[str, str]] = {}
-    if sizes:
-        # Remember the root at each checkpoint's size as the walk passes it (a wrapper on the
-        # frontier's append keeps the hot loop free of the check).
-        frontier = walk.frontier
-        append = frontier.append
-
-        def remembering(leaf: bytes) -> None:
-            append(leaf)
-            if frontier.size in sizes:
-                roots[frontier.size] = (frontier.root(), walk.pending_hash)
-
-        frontier.append = remembering  # type: ignore[method-assign]
+    roots = _remember_roots(walk, sizes)
     bad_copy = walk_stored(walk, rules)
     result = walk.result()
     legacy_root = roots.get(anchors.legacy_events, ("", ""))[0]
@@ -275,18 +255,9 @@ def verify_log(
                 f"{anchors.legacy_events} format-1 events that they no longer have: format-1 "
                 "events were replaced", walk.notes,
             )  # fmt: skip
-    for cp in pending:
-        if cp.tree_size not in roots:
-            break
-        problem = _compare(cp, roots[cp.tree_size], matched, checkpoints)
-        if problem and (result.ok or (result.first_bad_seq or 0) > cp.tree_size):
-            return VerifyResult(
-                False, walk.count, walk.last_seq, walk.last_hash, None, problem,
-                walk.notes, cp.number,
-            )  # fmt: skip
-        if problem:
-            break
-        matched = cp.number
+    matched, mismatch = _match_checkpoints(pending, roots, checkpoints, walk, result)
+    if mismatch is not None:
+        return mismatch
     pending = [cp for cp in pending if cp.number > matched]
     first_bad = result.first_bad_seq
     copied = _first_copied_mac() if result.ok else None
@@ -334,6 +305,67 @@ def verify_log(
             )  # fmt: skip
     result.checkpoints_matched = matched
     return result
+
+
+def _signed_checkpoints(
+    checkpoint_dir: str | Path, public_keys: list[str] | None, head: AuditHead | None
+) -> tuple[list[Checkpoint], VerifyResult | None]:
+    """Step 1: the directory's checkpoints, their signatures, numbers and links, and the
+    history the log itself records; a refusal is the verification's result."""
+    check = verify_chain_of_checkpoints(
+        read_dir(checkpoint_dir),
+        trusted_keys(public_keys),
+        expected_last=head.checkpoint_number if head else 0,
+    )
+    if not check.ok:
+        return [], VerifyResult(False, 0, None, "", None, check.problem, [], check.bad_number)
+    history = checkpoint_history_problem(check.checkpoints, head)
+    if history:
+        return [], VerifyResult(False, 0, None, "", None, history, [], None)
+    return check.checkpoints, None
+
+
+def _remember_roots(walk: ChainWalk, sizes: Mapping[int, object]) -> dict[int, tuple[str, str]]:
+    """Step 2: remember the Merkle root (and chain hash) at each of ``sizes`` as the walk
+    passes it; a wrapper on the frontier's append keeps the hot loop free of the check."""
+    roots: dict[int, tuple[str, str]] = {}
+    if not sizes:
+        return roots
+    frontier = walk.frontier
+    append = frontier.append
+
+    def remembering(leaf: bytes) -> None:
+        append(leaf)
+        if frontier.size in sizes:
+            roots[frontier.size] = (frontier.root(), walk.pending_hash)
+
+    frontier.append = remembering  # type: ignore[method-assign]
+    return roots
+
+
+def _match_checkpoints(
+    pending: list[Checkpoint],
+    roots: dict[int, tuple[str, str]],
+    checkpoints: list[Checkpoint],
+    walk: ChainWalk,
+    result: VerifyResult,
+) -> tuple[int, VerifyResult | None]:
+    """Step 3: the newest checkpoint the walked log matches, or the first it contradicts
+    (unless the walk broke earlier, which then names the first bad event)."""
+    matched = 0
+    for cp in pending:
+        if cp.tree_size not in roots:
+            break
+        problem = _compare(cp, roots[cp.tree_size], matched, checkpoints)
+        if problem and (result.ok or (result.first_bad_seq or 0) > cp.tree_size):
+            return matched, VerifyResult(
+                False, walk.count, walk.last_seq, walk.last_hash, None, problem,
+                walk.notes, cp.number,
+            )  # fmt: skip
+        if problem:
+            break
+        matched = cp.number
+    return matched, None
 
 
 def _first_copied_mac() -> int | None:
