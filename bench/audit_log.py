@@ -351,24 +351,25 @@ def _store_events_and_checkpoints(total: int, checkpoints: int, directory: Path)
 
 
 def checkpoints_at_scale(workdir: Path) -> None:
-    import random
-    import subprocess
-    import sys
-
+    """Part 5, in its steps: the data set, verification, writes and proofs, a witness, the
+    offline verifier."""
     from django.conf import settings
-    from django.test import Client
-
-    from audit import tree, witness
-    from audit.actions import Actor, record, verify_chain
-    from audit.chain import MerkleFrontier
-    from audit.checkpoints import write_checkpoint
-    from audit.models import AuditHead
-    from audit.status import log_status
-    from audit.verify_export import read_public_key
-    from dashboard.models import ApiToken
 
     directory = Path(settings.DLO_AUDIT_CHECKPOINT_DIR)
     _store_events_and_checkpoints(VERIFY_EVENTS, CHECKPOINTS, directory)
+    _measure_verify(directory)
+    _measure_writes_and_proofs()
+    _measure_witness(workdir)
+    _measure_offline_verifier(directory)
+
+
+def _measure_verify(directory: Path) -> None:
+    from audit import tree
+    from audit.actions import verify_chain
+    from audit.chain import MerkleFrontier
+    from audit.checkpoints import read_dir, trusted_keys, verify_chain_of_checkpoints
+    from audit.models import AuditHead
+
     head = AuditHead.objects.get(pk=1)
     start = time.perf_counter()
     tree.extend(head.seq, MerkleFrontier.loads(head.frontier).root())
@@ -376,8 +377,6 @@ def checkpoints_at_scale(workdir: Path) -> None:
         f"  stored Merkle subtrees built once (the one-time upgrade of an existing log) "
         f"in {time.perf_counter() - start:.0f} s"
     )
-    from audit.checkpoints import read_dir, trusted_keys, verify_chain_of_checkpoints
-
     start = time.perf_counter()
     files = read_dir(directory)
     read_s = time.perf_counter() - start
@@ -402,6 +401,18 @@ def checkpoints_at_scale(workdir: Path) -> None:
         f"  verified {result.events} events against {result.checkpoints_matched} checkpoints "
         f"in {elapsed:.1f} s (load {os.getloadavg()[0]:.2f})"
     )
+
+
+def _measure_writes_and_proofs() -> None:
+    import random
+
+    from django.conf import settings
+
+    from audit import tree
+    from audit.actions import Actor, record
+    from audit.checkpoints import write_checkpoint
+    from audit.status import log_status
+
     settings.DLO_AUDIT_SEALER = "inline"
     for label in ("next", "one after"):
         record("bench.tick", actor=Actor(1, "bench"))
@@ -423,6 +434,16 @@ def checkpoints_at_scale(workdir: Path) -> None:
     per = (time.perf_counter() - start) / len(pairs) * 1000
     print(f"  consistency proof at {size} leaves: {per:.2f} ms each (200 random pairs)")
 
+
+def _measure_witness(workdir: Path) -> None:
+    from django.conf import settings
+    from django.test import Client
+
+    from audit import witness
+    from audit.actions import Actor, record
+    from audit.checkpoints import write_checkpoint
+    from audit.verify_export import read_public_key
+    from dashboard.models import ApiToken
     from tests.conftest import make_user
 
     token = ApiToken.issue(make_user("bench-witness", "audit_witness"), "bench")[1]
@@ -451,6 +472,14 @@ def checkpoints_at_scale(workdir: Path) -> None:
         f"  witness poll (fetch, Ed25519 check in pure Python, consistency proof, state "
         f"append): median {times[5] * 1000:.0f} ms, max {times[-1] * 1000:.0f} ms"
     )
+
+
+def _measure_offline_verifier(directory: Path) -> None:
+    import subprocess
+    import sys
+
+    from django.conf import settings
+
     script = Path(__file__).resolve().parents[1] / "audit" / "verify_export.py"
     code = (
         "import sys, time; sys.path.insert(0, sys.argv[1]); import verify_export as v; "
