@@ -488,9 +488,18 @@ def run_clients(
     reports = [Received(r) for r in out.get(timeout=300)]
     process.join(30)
     thread.join(5)
-    clients = reports
-    connected = [c for c in reports if c.ok]
+    report(reports, commits, pushes, rss_idle, rss_samples)
 
+
+def report(
+    clients: list[Received],
+    commits: dict[int, float],
+    pushes: list[float],
+    rss_idle: float,
+    rss_samples: list[float],
+) -> None:
+    """What the clients received against what each cycle committed, and the server's RSS."""
+    connected = [c for c in clients if c.ok]
     latencies: list[tuple[float, int]] = []
     rows_received = 0
     unmatched = 0
