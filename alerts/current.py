@@ -12,13 +12,12 @@ value moves with the data.
 from __future__ import annotations
 
 import datetime as dt
-from collections import defaultdict
 from collections.abc import Iterable
 
-from django.db.models import Count, Min
+from django.db.models import Min
 
 from alerts import rules
-from alerts.evaluate import _DLQ, _DLQ_AGE, _POISON, _growth, load_overrides
+from alerts.evaluate import _DLQ, _DLQ_AGE, _POISON, _growth, inflow_counts, load_overrides
 from alerts.models import Alert, RuleKey
 from channels_registry.health import fmt_duration, fmt_int
 from channels_registry.models import ChannelHealth
@@ -80,18 +79,8 @@ def values_now(alerts: Iterable[Alert], now: dt.datetime) -> dict[int, float | N
     inflow = [a for a in active if a.rule in INFLOW_SOURCE]
     overrides = load_overrides(sorted({a.channel_id for a in inflow if a.channel_id}))
     windows = {a.pk: _window_s(a, overrides) for a in inflow}
-    counts: dict[tuple[float, int, str], int] = defaultdict(int)
-    for w in set(windows.values()):
-        rows = (
-            DeadLetter.objects.filter(
-                channel_id__in=ids, dead_lettered_at__gte=now - dt.timedelta(seconds=w)
-            )
-            .values("channel_id", "source")
-            .annotate(n=Count("id"))
-            .order_by()
-        )
-        for row in rows:
-            counts[(w, row["channel_id"], row["source"])] = row["n"]
+    # The evaluator's own count, so "now" is what the rule would compare with its threshold.
+    counts = inflow_counts(sorted(ids), set(windows.values()), now)
     oldest: dict[int, dt.datetime] = {}
     if any(a.rule == RuleKey.DLQ_AGE for a in active):
         oldest = dict(

@@ -194,7 +194,7 @@ def _dead_letter_aggregates(
     return result
 
 
-def _inflow(
+def inflow_counts(
     channel_ids: list[int], windows: set[float], now: dt.datetime
 ) -> dict[tuple[float, int, str], int]:
     result: dict[tuple[float, int, str], int] = {}
@@ -427,7 +427,7 @@ def _channel_rules(
     poll_times = {b: s.last_success_at for b, s in poll_states.items()}
     unresolved = _dead_letter_aggregates(channels, poll_times)
     dead_channels = [c.pk for c in channels if c.has_dlq or c.poison_address]
-    inflow = _inflow(dead_channels, windows, now)
+    inflow = inflow_counts(dead_channels, windows, now)
     for channel in channels:
         health: ChannelHealth | None = getattr(channel, "health", None)
         facts = _facts(
