@@ -1141,18 +1141,7 @@ class NatsDrainSession(_LoopSession, DrainSession):
         )
 
     def ack(self, letters: Sequence[DeadLetter]) -> None:
-        msgs = [letter.token for letter in letters]
-
-        async def ack_all() -> None:
-            # ack_sync: the server confirms, so a reopened session will not see them again.
-            await asyncio.gather(*(m.ack_sync(timeout=self.timeout) for m in msgs))
-
-        try:
-            self._call(ack_all())
-        except Exception as exc:
-            raise _broker_error(exc, f"ack {self.address}") from None
-        for msg in msgs:
-            self._outstanding.pop(id(msg), None)
+        _ack_confirmed(self, letters, str(self.address))
 
     def close(self) -> None:
         pending = [*self._outstanding.values(), *self._buffer]
@@ -1350,17 +1339,7 @@ class NatsCopyDrainSession(_LoopSession, DrainSession):
         )
 
     def ack(self, letters: Sequence[DeadLetter]) -> None:
-        msgs = [letter.token for letter in letters]
-
-        async def ack_all() -> None:
-            await asyncio.gather(*(m.ack_sync(timeout=self.timeout) for m in msgs))
-
-        try:
-            self._call(ack_all())
-        except Exception as exc:
-            raise _broker_error(exc, f"ack {self.stream} (copies)") from None
-        for msg in msgs:
-            self._outstanding.pop(id(msg), None)
+        _ack_confirmed(self, letters, f"{self.stream} (copies)")
 
     def close(self) -> None:
         pending = list(self._outstanding.values())
@@ -1505,3 +1484,19 @@ class NatsPublisher(_LoopSession, Publisher):
 
     def close(self) -> None:
         self._close_session()
+
+
+def _ack_confirmed(drain: Any, letters: Sequence[DeadLetter], what: str) -> None:
+    """Ack a drain's letters with ``ack_sync`` (the server confirms, so a reopened session
+    will not see them again), then forget them; a failure is one ``BrokerError``."""
+    msgs = [letter.token for letter in letters]
+
+    async def ack_all() -> None:
+        await asyncio.gather(*(m.ack_sync(timeout=drain.timeout) for m in msgs))
+
+    try:
+        drain._call(ack_all())
+    except Exception as exc:
+        raise _broker_error(exc, f"ack {what}") from None
+    for msg in msgs:
+        drain._outstanding.pop(id(msg), None)
