@@ -513,7 +513,7 @@ def _store_sample(
     window it keeps plus the new point, with what the topology and the sample show."""
     now_s = now.timestamp()
     minute = now.replace(second=0, microsecond=0)
-    sample, point = _sample(channel, addresses, result, now)
+    sample, point = sample_from_poll(channel, addresses, result, now)
     kept = {name: getattr(sample, name) for name in ROLLUP_FIELDS}
     rollup = ChannelRollup(channel=channel, minute=minute, **kept)
     window = [health.Point.from_list(v) for v in row.window or []]
@@ -724,7 +724,7 @@ def _spark(spark: list[list[Any]], minute: dt.datetime, backlog: int | None) -> 
     return [*kept, [key, backlog]]
 
 
-def _sample(
+def sample_from_poll(
     channel: Channel,
     addresses: ChannelAddresses,
     result: PollResult,

@@ -1,7 +1,7 @@
 """The demo's end-of-run check: the board's numbers as stored beside what the broker says.
 
 For each demo channel: the broker is read through the adapter's own ``poll`` (the code path the
-poller uses, turned into the board's numbers by ``channels_registry.polling._sample`` and the
+poller uses, turned into the board's numbers by ``polling.sample_from_poll`` and the
 dead-letter helpers, so no third way of reading a broker exists), just before and just after
 the board's last poll, and once more a moment later to show movement. A board number agrees
 when it lies between the reads before and after its poll (the ground-truth harness's rule,
@@ -26,10 +26,10 @@ from brokers import get_adapter
 from brokers.base import BrokerError
 from channels_registry.models import BrokerKind, Channel, ChannelHealth, installation_id
 from channels_registry.polling import (
-    _sample,  # the board's own translation of an adapter answer into its numbers
     channel_addresses,
     dead_letter_total,
     do_poll_broker,
+    sample_from_poll,  # the board's own translation of an adapter answer into its numbers
 )
 from dlq.models import count_unresolved
 
@@ -125,7 +125,7 @@ def _read(channel: Channel, *, management: bool) -> dict[str, int | None]:
     addresses = channel_addresses(channel, broker.kind, installation)
     now = timezone.now()
     result = adapter.poll(sorted(set(addresses.all())))
-    sample, _ = _sample(channel, addresses, result, now)
+    sample, _ = sample_from_poll(channel, addresses, result, now)
     numbers: dict[str, int | None] = {
         field: getattr(sample, field)
         for _, field in NUMBERS

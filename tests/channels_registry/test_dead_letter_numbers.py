@@ -11,9 +11,9 @@ from channels_registry.models import Channel
 from channels_registry.polling import (
     REDIS_DRAIN_GROUP,
     ChannelAddresses,
-    _sample,
     dead_letter_depth,
     dead_letter_total,
+    sample_from_poll,
 )
 
 
@@ -56,7 +56,7 @@ def test_nats_advisory_capture_never_counts_the_poison_streams_copies_as_not_ing
     }
     addresses = ChannelAddresses(main, (md, term), (poison,))
     now = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
-    sample, point = _sample(Channel(), addresses, PollResult(stats, 1, 0.0), now)
+    sample, point = sample_from_poll(Channel(), addresses, PollResult(stats, 1, 0.0), now)
     assert sample.poison_depth is None and point.poison_depth is None
     assert sample.dlq_depth == 0
     assert dead_letter_total(addresses.poison, stats) == 557
