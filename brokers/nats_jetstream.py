@@ -102,6 +102,7 @@ _CLASS_PREFIX = re.compile(r"^([A-Za-z_][\w.$:]{0,199}?)\s*:\s+(.+)$", re.DOTALL
 LIST_PAGE = 256  # JetStream's page size for STREAM.LIST / CONSUMER.LIST
 JSZ_PAGE = 1024  # accounts per /jsz page (the server's default limit)
 PUBLISH_WINDOW = 256
+CLOSE_TIMEOUT_S = 5.0  # how long a close may flush before the socket is aborted
 _VALID_SCHEMES = {"nats", "tls", "ws", "wss"}
 _STREAM_NAME = re.compile(r"[^.*>\s]+")  # what JetStream accepts as a stream name
 _HEADER_NAME = re.compile(r"^[!-9;-~]+$")  # printable ASCII except ':' (RFC 7230 token-ish)
@@ -110,7 +111,7 @@ _HEADER_NAME = re.compile(r"^[!-9;-~]+$")  # printable ASCII except ':' (RFC 723
 # --- event loop plumbing ---------------------------------------------------------------------
 
 
-def _close_loop(loop: asyncio.AbstractEventLoop) -> None:
+def close_loop(loop: asyncio.AbstractEventLoop) -> None:
     """Cancel what nats-py left behind, then close the loop (no ResourceWarning leaks)."""
     try:
         tasks = asyncio.all_tasks(loop)
@@ -139,7 +140,7 @@ def _run_once(coro: Coroutine[Any, Any, T]) -> T:
     try:
         return _run_on(loop, coro)
     finally:
-        _close_loop(loop)
+        close_loop(loop)
 
 
 # --- errors and parsing ----------------------------------------------------------------------
@@ -549,7 +550,7 @@ class NatsJetStreamAdapter(BrokerAdapter):
                 timeout=self.timeout,
             )
         except Exception as exc:
-            await _close_quietly(nc)
+            await close_quietly(nc)
             raise _broker_error(exc, "connect") from None
         return nc
 
@@ -560,7 +561,7 @@ class NatsJetStreamAdapter(BrokerAdapter):
         except Exception as exc:
             raise _broker_error(exc, what) from None
         finally:
-            await _close_quietly(nc)
+            await close_quietly(nc)
 
     def ping(self) -> None:
         async def work(nc: NATS) -> None:
@@ -886,10 +887,24 @@ class NatsJetStreamAdapter(BrokerAdapter):
         return NatsPublisher(self, target)
 
 
-async def _close_quietly(nc: NATS) -> None:
-    # Closing is best effort: the socket goes with the loop anyway.
-    with contextlib.suppress(Exception):
-        await asyncio.wait_for(nc.close(), timeout=5)
+async def close_quietly(nc: NATS) -> None:
+    """Close ``nc``, bounded; whatever happens, its socket is closed when this returns.
+
+    ``nc.close()`` flushes what is pending first, which can block on a server that is not
+    reading; when the bound cuts it short, nats-py leaves the socket open (a ResourceWarning
+    later, and a file descriptor held until the garbage collector runs). Abort the socket
+    then: nothing more will be written on it, and an abort does not wait for a buffer to
+    drain (a no-op on a socket already closed). The loop's last turn (``close_loop``)
+    closes the file descriptor."""
+    try:
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(nc.close(), timeout=CLOSE_TIMEOUT_S)
+    finally:
+        # nats-py's own attributes: None before connecting, or on a transport without streams.
+        writer = getattr(getattr(nc, "_transport", None), "_io_writer", None)
+        if writer is not None:
+            with contextlib.suppress(Exception):
+                writer.transport.abort()
 
 
 class _LoopSession:
@@ -903,7 +918,7 @@ class _LoopSession:
         try:
             self.nc: NATS = self._call(adapter._connect())
         except BaseException:
-            _close_loop(self._loop)
+            close_loop(self._loop)
             raise
 
     def _call(self, coro: Coroutine[Any, Any, T]) -> T:
@@ -918,12 +933,12 @@ class _LoopSession:
             if before is not None:
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(before(), timeout=self.timeout)
-            await _close_quietly(self.nc)
+            await close_quietly(self.nc)
 
         try:
             self._call(shutdown())
         finally:
-            _close_loop(self._loop)
+            close_loop(self._loop)
 
 
 class NatsDrainSession(_LoopSession, DrainSession):

@@ -20,7 +20,7 @@ import contextlib
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import nats
@@ -29,6 +29,8 @@ import nats.js.errors
 import pika
 import redis
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+
+from brokers.nats_jetstream import close_loop, close_quietly
 
 RABBIT_URL = "amqp://guest:guest@127.0.0.1:5672/%2F"
 RABBIT_MGMT = "http://guest:guest@127.0.0.1:15672"
@@ -314,6 +316,17 @@ class RedisStreams:
 # --- NATS JetStream ---------------------------------------------------------------------------
 
 
+@contextlib.asynccontextmanager
+async def _connection() -> AsyncIterator[nats.NATS]:
+    """A nats-py connection closed however the block ends (an error included), bounded, its
+    socket aborted if the close cannot flush: no socket left to the garbage collector."""
+    nc = await nats.connect(NATS_URL)
+    try:
+        yield nc
+    finally:
+        await close_quietly(nc)
+
+
 class _Loop:
     """One asyncio loop on a thread, for nats-py."""
 
@@ -328,7 +341,8 @@ class _Loop:
     def close(self) -> None:
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(5)
-        self.loop.close()
+        if not self.loop.is_running():
+            close_loop(self.loop)  # what a timed-out run left behind is cancelled, not leaked
 
 
 class Nats:
@@ -342,33 +356,31 @@ class Nats:
         self.admin = _Loop()
 
         async def setup() -> None:
-            nc = await nats.connect(NATS_URL)
-            js = nc.jetstream()
-            await js.add_stream(name=self.stream, subjects=[self.subject])
-            await js.add_stream(name=self.dlq, subjects=[self.dlq_subject])
-            await js.add_stream(name=self.poison, subjects=[self.poison_subject])
-            await js.add_consumer(
-                self.stream,
-                ConsumerConfig(
-                    durable_name=self.consumer,
-                    ack_policy=AckPolicy.EXPLICIT,
-                    deliver_policy=DeliverPolicy.ALL,
-                    ack_wait=30,
-                    max_deliver=max_deliver,
-                ),
-            )
-            await nc.close()
+            async with _connection() as nc:
+                js = nc.jetstream()
+                await js.add_stream(name=self.stream, subjects=[self.subject])
+                await js.add_stream(name=self.dlq, subjects=[self.dlq_subject])
+                await js.add_stream(name=self.poison, subjects=[self.poison_subject])
+                await js.add_consumer(
+                    self.stream,
+                    ConsumerConfig(
+                        durable_name=self.consumer,
+                        ack_policy=AckPolicy.EXPLICIT,
+                        deliver_policy=DeliverPolicy.ALL,
+                        ack_wait=30,
+                        max_deliver=max_deliver,
+                    ),
+                )
 
         self.admin.run(setup())
 
         def delete() -> None:
             async def drop() -> None:
-                nc = await nats.connect(NATS_URL)
-                js = nc.jetstream()
-                for name in (self.stream, self.dlq, self.poison):
-                    with contextlib.suppress(Exception):
-                        await js.delete_stream(name)
-                await nc.close()
+                async with _connection() as nc:
+                    js = nc.jetstream()
+                    for name in (self.stream, self.dlq, self.poison):
+                        with contextlib.suppress(Exception):
+                            await js.delete_stream(name)
 
             self.admin.run(drop())
             self.admin.close()
@@ -384,25 +396,23 @@ class Nats:
 
     def produce(self, rate: float) -> Worker:
         async def run(stop: threading.Event) -> None:
-            nc = await nats.connect(NATS_URL)
-            js = nc.jetstream()
-            end, n = _deadline(), 0
-            while not stop.is_set() and time.monotonic() < end:
-                with contextlib.suppress(nats.errors.TimeoutError):  # a loaded server: go on
-                    await js.publish(self.subject, f"m{n}".encode())
-                n += 1
-                await asyncio.sleep(1.0 / rate)
-            await nc.close()
+            async with _connection() as nc:
+                js = nc.jetstream()
+                end, n = _deadline(), 0
+                while not stop.is_set() and time.monotonic() < end:
+                    with contextlib.suppress(nats.errors.TimeoutError):  # a loaded server: go on
+                        await js.publish(self.subject, f"m{n}".encode())
+                    n += 1
+                    await asyncio.sleep(1.0 / rate)
 
         return self._worker(run, "nats-produce")
 
     def burst(self, subject: str, count: int) -> None:
         async def run() -> None:
-            nc = await nats.connect(NATS_URL)
-            js = nc.jetstream()
-            for n in range(count):
-                await js.publish(subject, f"dead {n}".encode())
-            await nc.close()
+            async with _connection() as nc:
+                js = nc.jetstream()
+                for n in range(count):
+                    await js.publish(subject, f"dead {n}".encode())
 
         self.admin.run(run())
 
@@ -410,46 +420,44 @@ class Nats:
         self, mode: str = "ack", *, delay_s: float = 0.0, retry_every: int = 25, prefetch: int = 10
     ) -> Worker:
         async def run(stop: threading.Event) -> None:
-            nc = await nats.connect(NATS_URL)
-            js = nc.jetstream()
-            sub = await js.pull_subscribe_bind(self.consumer, self.stream)
-            end, n = _deadline(), 0
-            held = False
-            while not stop.is_set() and time.monotonic() < end:
-                if mode == "hang" and held:
-                    await asyncio.sleep(0.2)  # alive, holding its messages, pulling nothing
-                    continue
-                try:
-                    msgs = await sub.fetch(prefetch, timeout=1)
-                except (nats.errors.TimeoutError, nats.js.errors.APIError):
-                    continue  # nothing to pull (or a 408/409 on a loaded server): pull again
-                held = True
-                for msg in msgs:
-                    n += 1
-                    if mode == "hang":
+            async with _connection() as nc:
+                js = nc.jetstream()
+                sub = await js.pull_subscribe_bind(self.consumer, self.stream)
+                end, n = _deadline(), 0
+                held = False
+                while not stop.is_set() and time.monotonic() < end:
+                    if mode == "hang" and held:
+                        await asyncio.sleep(0.2)  # alive, holding its messages, pulling nothing
                         continue
-                    if mode == "poison":
-                        await asyncio.sleep(0.05)  # a hot loop, throttled
-                        await msg.nak()
-                        continue
-                    if delay_s:
-                        await asyncio.sleep(delay_s)
-                    if mode == "retry" and n % retry_every == 1:
-                        await msg.nak(delay=300)  # retried in five minutes: backoff
-                        continue
-                    await msg.ack()
-            await nc.close()
+                    try:
+                        msgs = await sub.fetch(prefetch, timeout=1)
+                    except (nats.errors.TimeoutError, nats.js.errors.APIError):
+                        continue  # nothing to pull (or a 408/409 on a loaded server): pull again
+                    held = True
+                    for msg in msgs:
+                        n += 1
+                        if mode == "hang":
+                            continue
+                        if mode == "poison":
+                            await asyncio.sleep(0.05)  # a hot loop, throttled
+                            await msg.nak()
+                            continue
+                        if delay_s:
+                            await asyncio.sleep(delay_s)
+                        if mode == "retry" and n % retry_every == 1:
+                            await msg.nak(delay=300)  # retried in five minutes: backoff
+                            continue
+                        await msg.ack()
 
         return self._worker(run, f"nats-consume-{mode}")
 
     def truth(self) -> dict[str, int | None]:
         async def read() -> dict[str, int | None]:
-            nc = await nats.connect(NATS_URL)
-            js = nc.jetstream()
-            info = await js.consumer_info(self.stream, self.consumer)
-            dlq = await js.stream_info(self.dlq)
-            poison = await js.stream_info(self.poison)
-            await nc.close()
+            async with _connection() as nc:
+                js = nc.jetstream()
+                info = await js.consumer_info(self.stream, self.consumer)
+                dlq = await js.stream_info(self.dlq)
+                poison = await js.stream_info(self.poison)
             return {
                 "backlog": info.num_pending,
                 "in_flight": info.num_ack_pending,
