@@ -41,7 +41,12 @@ from django.utils import timezone
 
 from brokers import get_adapter
 from brokers.base import Address, BrokerError, ChannelStats, PollResult, Topology, scrub
-from brokers.nats_jetstream import ADVISORY_STREAM, DRAIN_SUFFIXES, drain_consumer_name
+from brokers.nats_jetstream import (
+    ADVISORY_STREAM,
+    DRAIN_SUFFIXES,
+    copy_consumer_name,
+    drain_consumer_name,
+)
 from channels_registry import health, observed
 from channels_registry.models import (
     Broker,
@@ -120,19 +125,25 @@ def channel_addresses(channel: Channel, kind: str, installation: str = "") -> Ch
     """The addresses sampled for one channel. Redis dead-letter streams are sampled through the
     dashboard's drain group (what is not ingested yet) and as a plain stream (fallback before
     that group exists); a NATS channel capturing advisories through this installation's two
-    drain consumers on DLO_ADVISORIES (what is not ingested yet); other brokers sample the DLQ
-    queue/stream itself."""
+    drain consumers on DLO_ADVISORIES (what is not ingested yet); a NATS copy stream (the DLQ or
+    poison stream the consumer republishes into) through this installation's copy durable on it
+    (what is not ingested yet: an ack removes nothing from a limits stream) and as a plain stream
+    (its total; the fallback before the first ingest creates the durable); RabbitMQ samples the
+    DLQ queue itself (ingest removes what it stored)."""
+    own = Address(channel.address, channel.address_group)
 
     def dead(name: str) -> tuple[Address, ...]:
         if not name:
             return ()
         if kind == BrokerKind.REDIS:
             return (Address(name, REDIS_DRAIN_GROUP), Address(name))
+        if kind == BrokerKind.NATS:
+            return (Address(name, copy_consumer_name(name, own, installation)), Address(name))
         return (Address(name),)
 
     dlq = dead(channel.dlq_address)
     if kind == BrokerKind.NATS and channel.nats_advisory_capture:
-        durable = drain_consumer_name(Address(channel.address, channel.address_group), installation)
+        durable = drain_consumer_name(own, installation)
         dlq = (*(Address(ADVISORY_STREAM, durable + s) for s in DRAIN_SUFFIXES), *dlq)
     return ChannelAddresses(
         Address(channel.address, channel.address_group), dlq, dead(channel.poison_address)

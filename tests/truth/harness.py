@@ -35,6 +35,7 @@ from channels_registry.actions import do_poll_broker
 from channels_registry.health import HealthState
 from channels_registry.models import Broker, BrokerKind, Channel, ChannelHealth
 from channels_registry.polling import poll_brokers
+from tests.truth import replay as r
 from tests.truth import traffic as t
 
 S = HealthState
@@ -100,6 +101,8 @@ class Run:
     #: The poll interval as it really was (a loaded machine stretches every tick): detection
     #: targets count in it, not in the interval asked for.
     tick_s: float = 0.0
+    #: A scenario's own state (the replay plan of "replay").
+    extra: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def health(self) -> ChannelHealth:
         return ChannelHealth.objects.get(channel=self.channel)
@@ -121,6 +124,14 @@ class Scenario:
     kinds: tuple[str, ...] = ("rabbitmq", "redis", "nats")
     management: Callable[[str], str] | None = None
     slow: bool = True
+    #: Work done on the harness's thread in every tick before the poll, given its share of
+    #: the interval in seconds (the relay's slices).
+    during: Callable[[Run, float], None] | None = None
+    #: After every poll, given the board's row and the broker's reads just before and just
+    #: after it: the disagreements.
+    check: Callable[[Run, ChannelHealth, dict[str, Any], dict[str, Any]], list[str]] | None = None
+    #: At the end, traffic still running: the disagreements (the replay finished and received).
+    settle: Callable[[Run], list[str]] | None = None
 
 
 # --- the scenario library ---------------------------------------------------------------------
@@ -251,6 +262,19 @@ SCENARIOS: tuple[Scenario, ...] = (
         fault=_burst,
     ),
     Scenario(
+        "replay",
+        f"steady traffic; {r.DEAD} dead letters captured by the ingest, then a replay plan"
+        f" ({r.VELOCITY:g}/s) relayed back to the origin while its consumer drains it",
+        start=r.start,
+        # Healthy throughout; at every poll the board's DLQ (not yet ingested) equals the
+        # broker's and its stored-awaiting-triage equals the stored minus the confirmed.
+        expect=_healthy,
+        during=r.relay_slice,
+        check=r.check,
+        settle=r.finish,
+        warmup_polls=0,
+    ),
+    Scenario(
         "no-management",
         "steady traffic; the broker's management URL points at a closed port",
         start=_steady,
@@ -347,6 +371,7 @@ def _declared(kind: str, sc: Scenario, app: Any, interval_s: float) -> Iterator[
         yield channel
     finally:
         os.environ.pop(env, None)
+        r.forget(channel.pk)
         Channel.objects.filter(pk=channel.pk).delete()
         broker.delete()
 
@@ -423,7 +448,12 @@ def _run(
     ticks: list[float] = []
 
     def tick() -> None:
-        time.sleep(interval)
+        began = time.monotonic()
+        if sc.during is not None:
+            for run in runs:
+                sc.during(run, interval / len(runs))
+        time.sleep(max(0.0, interval - (time.monotonic() - began)))
+        before = [r.app.truth() for r in runs] if sc.check is not None else []
         outcomes = poll_brokers([r.channel.broker_id for r in runs], force=True)
         ticks.append(time.monotonic())
         if alerts:
@@ -446,6 +476,10 @@ def _run(
             track.health = h
             track.polls += 1
             track.outcome.observed.append(h.state)
+            if sc.check is not None:
+                after = track.run.app.truth()
+                for problem in sc.check(track.run, h, before[tracks.index(track)], after):
+                    track.outcome.problems.append(f"poll {track.polls}: {problem}")
             # The first polls may only be excused for saying UNKNOWN; any other claim counts.
             excused = track.polls <= track.quiet_polls and h.state == S.UNKNOWN
             if track.polls > 2 and not excused and h.state in track.expect.never:
@@ -500,6 +534,9 @@ def _run(
         track.expect = sc.expect(track.run)  # the targets in the ticks as they really were
         track.outcome.target_s = track.expect.within_s
         _verdict(track, has_fault=sc.fault is not None)
+    if sc.settle is not None:
+        for track in tracks:
+            track.outcome.problems.extend(sc.settle(track.run))
     # 4. The numbers, traffic stopped.
     for track in tracks:
         for worker in track.run.traffic.workers:

@@ -11,12 +11,18 @@ created is deleted by ``Traffic.cleanup``. Consumer behaviours (``mode``):
   claimed later with XAUTOCLAIM; NATS: ``nak`` with a 300 s delay);
 - ``hang``: take a full prefetch and never acknowledge it, connection kept open;
 - ``poison``: reject every message back to the queue at once (requeue / nak / re-claim).
+
+Every consumer notes the ``x-dlq-replay-id`` of the replayed messages it acknowledges
+(``replayed``): what the relay's confirms say reached the origin, seen from the other side.
+``dead_letters(n)`` puts dead letters in the DLQ the way an application gives messages up
+(a NATS consumer republishes a copy naming its original), for the product's ingest to capture.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import threading
 import time
 import uuid
@@ -30,7 +36,9 @@ import pika
 import redis
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
-from brokers.nats_jetstream import close_loop, close_quietly
+from brokers.base import Address
+from brokers.nats_jetstream import close_loop, close_quietly, copy_consumer_name
+from channels_registry.models import installation_id
 
 RABBIT_URL = "amqp://guest:guest@127.0.0.1:5672/%2F"
 RABBIT_MGMT = "http://guest:guest@127.0.0.1:15672"
@@ -38,6 +46,7 @@ REDIS_URL = "redis://127.0.0.1:6379/0"
 NATS_URL = "nats://127.0.0.1:4222"
 MAX_RUN_S = 1800.0  # past the longest soak: a worker never ends inside a scenario
 GROUP = "workers"
+REPLAY_ID = "x-dlq-replay-id"
 
 
 def unique(prefix: str) -> str:
@@ -134,6 +143,7 @@ class Rabbit:
 
         traffic.cleanups.append(delete)
         self.traffic = traffic
+        self.replayed: set[str] = set()
 
     def produce(self, rate: float, queue: str | None = None) -> Worker:
         target = queue or self.queue
@@ -157,6 +167,16 @@ class Rabbit:
             channel.basic_publish("", queue, f"dead {n}".encode())
         connection.close()
 
+    def dead_letters(self, count: int) -> None:
+        """``count`` messages dead-lettered from the work queue into the DLQ."""
+        connection = pika.BlockingConnection(pika.URLParameters(RABBIT_URL))
+        channel = connection.channel()
+        for n in range(count):
+            headers = {"Idempotency-Key": f"dead-{n}", "x-first-death-queue": self.queue}
+            properties = pika.BasicProperties(headers=headers, content_type="application/json")
+            channel.basic_publish("", self.dlq, b'{"order": %d}' % n, properties)
+        connection.close()
+
     def consume(
         self, mode: str = "ack", *, delay_s: float = 0.0, retry_every: int = 5, prefetch: int = 10
     ) -> Worker:
@@ -166,7 +186,7 @@ class Rabbit:
             channel.basic_qos(prefetch_count=prefetch)
             seen = [0]
 
-            def on_message(ch: Any, method: Any, _props: Any, _body: bytes) -> None:
+            def on_message(ch: Any, method: Any, props: Any, _body: bytes) -> None:
                 seen[0] += 1
                 if mode == "hang":
                     return  # held unacknowledged while the connection stays open
@@ -181,6 +201,9 @@ class Rabbit:
                     ch.basic_reject(method.delivery_tag, requeue=False)
                     return
                 ch.basic_ack(method.delivery_tag)
+                replay_id = (props.headers or {}).get(REPLAY_ID)
+                if replay_id:
+                    self.replayed.add(str(replay_id))
 
             channel.basic_consume(self.queue, on_message)
             end = _deadline()
@@ -230,6 +253,7 @@ class RedisStreams:
 
         traffic.cleanups.append(delete)
         self.traffic = traffic
+        self.replayed: set[str] = set()
 
     def produce(self, rate: float) -> Worker:
         def body(stop: threading.Event) -> None:
@@ -247,6 +271,15 @@ class RedisStreams:
         client = redis.Redis.from_url(REDIS_URL)
         for n in range(count):
             client.xadd(stream, {"body": f"dead {n}", "reason": "burst"})
+        client.close()
+
+    def dead_letters(self, count: int) -> None:
+        """``count`` entries a reaper moved into the DLQ stream (the original's fields plus
+        where it came from)."""
+        client = redis.Redis.from_url(REDIS_URL)
+        for n in range(count):
+            fields = {"body": json.dumps({"order": n}), "Idempotency-Key": f"dead-{n}"}
+            client.xadd(self.dlq, {**fields, "reason": "gave up"})
         client.close()
 
     def consume(
@@ -281,13 +314,16 @@ class RedisStreams:
                     GROUP, name, {self.stream: ">"}, count=prefetch, block=200
                 )
                 for _stream, entries in answer or []:
-                    for entry_id, _fields in entries:
+                    for entry_id, fields in entries:
                         n += 1
                         if delay_s:
                             stop.wait(delay_s)
                         if mode == "poison" or (mode == "retry" and n % retry_every == 1):
                             continue  # left pending: claimed again later
                         client.xack(self.stream, GROUP, entry_id)
+                        replay_id = fields.get(REPLAY_ID.encode())
+                        if replay_id:
+                            self.replayed.add(replay_id.decode())
             client.close()
 
         return self.traffic.start(body, f"redis-consume-{mode}")
@@ -387,6 +423,7 @@ class Nats:
 
         traffic.cleanups.append(delete)
         self.traffic = traffic
+        self.replayed: set[str] = set()
 
     def _worker(self, make: Callable[[threading.Event], Any], name: str) -> Worker:
         def body(stop: threading.Event) -> None:
@@ -416,8 +453,35 @@ class Nats:
 
         self.admin.run(run())
 
+    def dead_letters(self, count: int) -> None:
+        """``count`` copies the consumer republished into the DLQ stream as it gave messages
+        up, each naming its original (JetStream's RePublish headers), so a replay goes back to
+        the original's subject."""
+
+        async def run() -> None:
+            async with _connection() as nc:
+                js = nc.jetstream()
+                for n in range(count):
+                    headers = {
+                        "Nats-Stream": self.stream,
+                        "Nats-Sequence": str(1_000_000 + n),
+                        "Nats-Subject": self.subject,
+                        "Nats-Consumer": self.consumer,
+                        "Idempotency-Key": f"dead-{n}",
+                        "reason": "gave up",
+                    }
+                    await js.publish(self.dlq_subject, b'{"order": %d}' % n, headers=headers)
+
+        self.admin.run(run())
+
     def consume(
-        self, mode: str = "ack", *, delay_s: float = 0.0, retry_every: int = 25, prefetch: int = 10
+        self,
+        mode: str = "ack",
+        *,
+        delay_s: float = 0.0,
+        retry_every: int = 25,
+        prefetch: int = 10,
+        nak_delay_s: float = 300.0,
     ) -> Worker:
         async def run(stop: threading.Event) -> None:
             async with _connection() as nc:
@@ -445,24 +509,40 @@ class Nats:
                         if delay_s:
                             await asyncio.sleep(delay_s)
                         if mode == "retry" and n % retry_every == 1:
-                            await msg.nak(delay=300)  # retried in five minutes: backoff
+                            await msg.nak(delay=nak_delay_s)  # retried later: backoff
                             continue
                         await msg.ack()
+                        replay_id = (msg.headers or {}).get(REPLAY_ID)
+                        if replay_id:
+                            self.replayed.add(replay_id)
 
         return self._worker(run, f"nats-consume-{mode}")
 
     def truth(self) -> dict[str, int | None]:
+        # The installation's id is read here, on the caller's thread (its database connection).
+        durable = copy_consumer_name(
+            self.dlq, Address(self.stream, self.consumer), installation_id()
+        )
+
         async def read() -> dict[str, int | None]:
             async with _connection() as nc:
                 js = nc.jetstream()
                 info = await js.consumer_info(self.stream, self.consumer)
                 dlq = await js.stream_info(self.dlq)
                 poison = await js.stream_info(self.poison)
+                # Not yet ingested: what the ingest's durable on the copy stream has not
+                # acknowledged (an ack removes nothing); every copy before it exists.
+                try:
+                    ingest = await js.consumer_info(self.dlq, durable)
+                except nats.js.errors.NotFoundError:
+                    dlq_pending = dlq.state.messages
+                else:
+                    dlq_pending = ingest.num_pending + ingest.num_ack_pending
             return {
                 "backlog": info.num_pending,
                 "in_flight": info.num_ack_pending,
                 "dlq_total": dlq.state.messages,
-                "dlq_pending": dlq.state.messages,
+                "dlq_pending": dlq_pending,
                 "poison_total": poison.state.messages,
             }
 
