@@ -142,6 +142,14 @@ def _steady(run: Run, mode: str = "ack", rate: float = 20.0) -> None:
     run.consumers.append(run.app.consume(mode))
 
 
+def _heavy_retries(run: Run) -> None:
+    """40 % of the deliveries retried after a short backoff, as the demo's 503 mix: on NATS a
+    ``nak`` with a 2 s delay, so the retries come back as redeliveries inside the window."""
+    run.app.produce(20.0)
+    delay = {"nak_delay_s": 2.0} if run.kind == "nats" else {}
+    run.consumers.append(run.app.consume("retry", retry_every=5, retries=2, **delay))
+
+
 def _slow(run: Run) -> None:
     run.app.produce(30.0)
     run.consumers.append(run.app.consume("slow", delay_s=0.1, prefetch=1))
@@ -199,6 +207,14 @@ SCENARIOS: tuple[Scenario, ...] = (
         "producer 20/s; the consumer retries every few messages the broker's way (TTL retry"
         " queue, pending entries claimed later, nak with a 300 s delay)",
         start=lambda run: _steady(run, "retry"),
+        expect=_healthy,
+    ),
+    Scenario(
+        "retries-heavy",
+        "producer 20/s; the consumer retries 40 % of its deliveries after a short backoff (TTL"
+        " retry queue, pending entries claimed after 1 s, nak with a 2 s delay), as the demo's"
+        " 503 mix: retries by a consumer making progress, not poison",
+        start=_heavy_retries,
         expect=_healthy,
     ),
     Scenario(

@@ -5,10 +5,11 @@ Every worker is bounded: it stops when asked (``stop``) or after ``MAX_RUN_S``, 
 created is deleted by ``Traffic.cleanup``. Consumer behaviours (``mode``):
 
 - ``ack``: acknowledge every message; ``slow``: the same, ``delay_s`` per message;
-- ``retry``: acknowledge all but every ``retry_every``-th, the very first one included (so a
-  JetStream ack floor never moves: the issue's case), retried later the broker's way
-  (RabbitMQ: rejected into a TTL retry queue that dead-letters back; Redis: left pending and
-  claimed later with XAUTOCLAIM; NATS: ``nak`` with a 300 s delay);
+- ``retry``: acknowledge all but ``retries`` of every ``retry_every`` deliveries, the very
+  first one included (so a JetStream ack floor never moves: the issue's case), retried later
+  the broker's way (RabbitMQ: rejected into a TTL retry queue that dead-letters back; Redis:
+  left pending and claimed later with XAUTOCLAIM; NATS: ``nak`` with a delay, ``nak_delay_s``,
+  300 s unless told);
 - ``hang``: take a full prefetch and never acknowledge it, connection kept open;
 - ``poison``: reject every message back to the queue at once (requeue / nak / re-claim).
 
@@ -97,6 +98,12 @@ class Traffic:
                 clean()
 
 
+def _retried(n: int, every: int, retries: int) -> bool:
+    """Whether the ``n``-th delivery (from 1) is retried: ``retries`` of every ``every``, the
+    very first delivery included."""
+    return 1 <= n % every <= retries
+
+
 def _deadline() -> float:
     return time.monotonic() + MAX_RUN_S
 
@@ -178,7 +185,13 @@ class Rabbit:
         connection.close()
 
     def consume(
-        self, mode: str = "ack", *, delay_s: float = 0.0, retry_every: int = 5, prefetch: int = 10
+        self,
+        mode: str = "ack",
+        *,
+        delay_s: float = 0.0,
+        retry_every: int = 5,
+        retries: int = 1,
+        prefetch: int = 10,
     ) -> Worker:
         def body(stop: threading.Event) -> None:
             connection = pika.BlockingConnection(pika.URLParameters(RABBIT_URL))
@@ -196,7 +209,8 @@ class Rabbit:
                     return
                 if delay_s:
                     connection.sleep(delay_s)
-                if mode == "retry" and seen[0] % retry_every == 1 and not method.redelivered:
+                retried = _retried(seen[0], retry_every, retries)
+                if mode == "retry" and retried and not method.redelivered:
                     # Parked in the TTL retry queue, back in the work queue a second later.
                     ch.basic_reject(method.delivery_tag, requeue=False)
                     return
@@ -283,7 +297,13 @@ class RedisStreams:
         client.close()
 
     def consume(
-        self, mode: str = "ack", *, delay_s: float = 0.0, retry_every: int = 5, prefetch: int = 10
+        self,
+        mode: str = "ack",
+        *,
+        delay_s: float = 0.0,
+        retry_every: int = 5,
+        retries: int = 1,
+        prefetch: int = 10,
     ) -> Worker:
         name = unique("consumer")
 
@@ -318,7 +338,8 @@ class RedisStreams:
                         n += 1
                         if delay_s:
                             stop.wait(delay_s)
-                        if mode == "poison" or (mode == "retry" and n % retry_every == 1):
+                        retried = mode == "retry" and _retried(n, retry_every, retries)
+                        if mode == "poison" or retried:
                             continue  # left pending: claimed again later
                         client.xack(self.stream, GROUP, entry_id)
                         replay_id = fields.get(REPLAY_ID.encode())
@@ -480,6 +501,7 @@ class Nats:
         *,
         delay_s: float = 0.0,
         retry_every: int = 25,
+        retries: int = 1,
         prefetch: int = 10,
         nak_delay_s: float = 300.0,
     ) -> Worker:
@@ -508,7 +530,7 @@ class Nats:
                             continue
                         if delay_s:
                             await asyncio.sleep(delay_s)
-                        if mode == "retry" and n % retry_every == 1:
+                        if mode == "retry" and _retried(n, retry_every, retries):
                             await msg.nak(delay=nak_delay_s)  # retried later: backoff
                             continue
                         await msg.ack()
