@@ -116,9 +116,11 @@ class ChannelAddresses:
     main: Address
     dlq: tuple[Address, ...] = ()
     poison: tuple[Address, ...] = ()
+    #: RabbitMQ: the declared TTL retry queue (see ``waiting_to_retry``).
+    retry: tuple[Address, ...] = ()
 
     def all(self) -> list[Address]:
-        return [self.main, *self.dlq, *self.poison]
+        return [self.main, *self.dlq, *self.poison, *self.retry]
 
 
 def channel_addresses(channel: Channel, kind: str, installation: str = "") -> ChannelAddresses:
@@ -145,9 +147,42 @@ def channel_addresses(channel: Channel, kind: str, installation: str = "") -> Ch
     if kind == BrokerKind.NATS and channel.nats_advisory_capture:
         durable = drain_consumer_name(own, installation)
         dlq = (*(Address(ADVISORY_STREAM, durable + s) for s in DRAIN_SUFFIXES), *dlq)
-    return ChannelAddresses(
-        Address(channel.address, channel.address_group), dlq, dead(channel.poison_address)
-    )
+    retry: tuple[Address, ...] = ()
+    if kind == BrokerKind.RABBITMQ and channel.retry_address:
+        retry = (Address(channel.retry_address),)
+    return ChannelAddresses(own, dlq, dead(channel.poison_address), retry)
+
+
+def waiting_to_retry(
+    kind: str, addresses: ChannelAddresses, stats: dict[Address, ChannelStats]
+) -> tuple[int | None, str]:
+    """How many of the channel's messages wait for a retry, as the channel page's "Waiting to
+    retry" counts them (``BrokerAdapter.retries``), taken from this poll's samples so the board
+    costs no round trip per row: ``(count, "")``, or ``(None, why)`` where the broker cannot
+    say. RabbitMQ: the declared TTL retry queue's messages (sampled with the channel's other
+    queues); Redis: the group's pending entries; NATS: unknown — JetStream counts a message
+    ``nak``-ed with a delay and one in processing alike, so the ack-pending count only bounds
+    it."""
+    main = stats.get(addresses.main)
+    if kind == BrokerKind.RABBITMQ:
+        if not addresses.retry:
+            return None, "no retry queue declared"
+        retry = stats.get(addresses.retry[0])
+        if retry is None or not retry.exists:
+            return None, f"retry queue {addresses.retry[0].name!r} not found"
+        if retry.retained is not None:
+            return retry.retained, ""
+        if retry.backlog is not None:
+            return retry.backlog + (retry.in_flight or 0), ""
+        return None, "the broker did not report the retry queue's depth"
+    if kind == BrokerKind.REDIS:
+        if main is not None and main.exists and main.in_flight is not None:
+            return main.in_flight, ""
+        return None, "the group's pending entries were not read"
+    bound = ""
+    if main is not None and main.exists and main.in_flight is not None:
+        bound = f"; at most {main.in_flight:,} (awaiting ack)"
+    return None, "NATS counts a nak'ed message and one in processing alike" + bound
 
 
 def dead_letter_depth(
@@ -553,6 +588,7 @@ def _store_sample(
         setattr(row, name, value)
     row.dlq_retained = dead_letter_total(addresses.dlq, result.stats)
     row.poison_retained = dead_letter_total(addresses.poison, result.stats)
+    row.retry_waiting, row.retry_unknown = waiting_to_retry(broker.kind, addresses, result.stats)
     row.oldest_age_s = sample.oldest_message_age_s
     row.last_sample_at = now
     row.spark = _spark(row.spark or [], minute, sample.backlog)
@@ -715,6 +751,8 @@ def _display_key(row: ChannelHealth) -> tuple[Any, ...]:
         row.poison_depth,
         row.dlq_unresolved,
         row.poison_unresolved,
+        row.retry_waiting,
+        row.retry_unknown,
         None if row.eta_s is None else round(row.eta_s / 10),
         _spark_meaning(row.spark),
     )

@@ -333,6 +333,9 @@ _BOARD = {
     "dlq_total": "dlq_retained",
     "dlq_pending": "dlq_depth",
     "poison_total": "poison_retained",
+    # Waiting for a retry (the board's "Retrying"): RabbitMQ's TTL retry queue, Redis's
+    # pending entries; NATS cannot say (its truth has no such number: unknown on the board).
+    "retry_waiting": "retry_waiting",
 }
 
 
@@ -377,6 +380,7 @@ def _declared(kind: str, sc: Scenario, app: Any, interval_s: float) -> Iterator[
         dlq_strategies=["ttl-with-backoff", "poison-queue", "dlq-alert"],
         dlq_address=app.dlq,
         poison_address=app.poison,
+        retry_address=getattr(app, "retry", "") if kind == "rabbitmq" else "",
         alert_dlq_depth=1000,
         # The issue saw "lag 21 min ≥ 30 s" fire on a healthy NATS consumer.
         alert_lag_seconds=30,
@@ -613,6 +617,9 @@ def _compare_numbers(run: Run, outcome: Outcome, expect: Expect) -> None:
             outcome.numbers[name] = (shown, after[name])
             if shown is None or low is None or not low <= shown <= high:
                 disagree[name] = (shown, after[name])
+        if "retry_waiting" not in before and health.retry_waiting is not None:
+            # A broker that cannot say how many wait for a retry (NATS): unknown, with why.
+            disagree["retry_waiting"] = (health.retry_waiting, None)
         if not disagree or time.monotonic() >= deadline:
             break
     for name, (shown, broker) in disagree.items():

@@ -234,8 +234,10 @@ class Rabbit:
         main = channel.queue_declare(self.queue, passive=True).method
         dlq = channel.queue_declare(self.dlq, passive=True).method
         poison = channel.queue_declare(self.poison, passive=True).method
+        retry = channel.queue_declare(self.retry, passive=True).method
         connection.close()
         return {
+            "retry_waiting": retry.message_count,
             "backlog": main.message_count,
             "consumers": main.consumer_count,
             "dlq_total": dlq.message_count,
@@ -364,6 +366,7 @@ class RedisStreams:
         return {
             "backlog": group["lag"],
             "in_flight": group["pending"],
+            "retry_waiting": group["pending"],
             "dlq_total": dlq_total,
             "dlq_pending": dlq_pending,
             "poison_total": poison_total,
