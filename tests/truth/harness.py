@@ -446,6 +446,58 @@ class _Track:
     health: ChannelHealth | None = None
 
 
+def _poll_tick(
+    runs: list[Run], tracks: list[_Track], sc: Scenario, ticks: list[float], *, alerts: bool
+) -> None:
+    """One poll tick: the scenario's work between polls (a relay slice), the rest of the
+    interval, the poll of every broker (the scheduler's ``poll_brokers``), then each broker's
+    state recorded and judged, the scenario's own checks and, with ``alerts``, the alerts."""
+    interval = runs[0].interval_s
+    began = time.monotonic()
+    if sc.during is not None:
+        for run in runs:
+            sc.during(run, interval / len(runs))
+    time.sleep(max(0.0, interval - (time.monotonic() - began)))
+    before = [run.app.truth() for run in runs] if sc.check is not None else []
+    outcomes = poll_brokers([run.channel.broker_id for run in runs], force=True)
+    ticks.append(time.monotonic())
+    if alerts:
+        _alerts_fired(runs, tracks)
+    for run in runs:
+        run.tick_s = (ticks[-1] - ticks[0]) / (len(ticks) - 1) if len(ticks) > 1 else 0.0
+    for n, (track, polled) in enumerate(zip(tracks, outcomes, strict=True)):
+        if track.done:
+            continue
+        if polled.status != "ok":
+            track.outcome.problems.append(f"poll {polled.status}: {polled.errors}")
+        h = track.run.health()
+        track.health = h
+        track.polls += 1
+        track.outcome.observed.append(h.state)
+        if sc.check is not None:
+            after = track.run.app.truth()
+            for problem in sc.check(track.run, h, before[n], after):
+                track.outcome.problems.append(f"poll {track.polls}: {problem}")
+        # The first polls may only be excused for saying UNKNOWN; any other claim counts.
+        excused = track.polls <= track.quiet_polls and h.state == S.UNKNOWN
+        if track.polls > 2 and not excused and h.state in track.expect.never:
+            track.outcome.problems.append(
+                f"poll {track.polls}: {h.state} ({'; '.join(h.evidence[:2])})"
+            )
+
+
+def _alerts_fired(runs: list[Run], tracks: list[_Track]) -> None:
+    """Evaluate the alert rules; every alert firing on a scenario's channel is a problem."""
+    do_evaluate_alerts()
+    for alert in Alert.objects.filter(
+        channel__in=[run.channel for run in runs], state=AlertState.FIRING
+    ).select_related("channel"):
+        track = next(tr for tr in tracks if tr.run.channel.pk == alert.channel_id)
+        problem = f"alert fired: {alert.summary}"
+        if problem not in track.outcome.problems:
+            track.outcome.problems.append(problem)
+
+
 def _run(
     runs: list[Run], sc: Scenario, *, hold_s: float | None = None, alerts: bool = False
 ) -> list[Outcome]:
@@ -468,44 +520,7 @@ def _run(
     ticks: list[float] = []
 
     def tick() -> None:
-        began = time.monotonic()
-        if sc.during is not None:
-            for run in runs:
-                sc.during(run, interval / len(runs))
-        time.sleep(max(0.0, interval - (time.monotonic() - began)))
-        before = [r.app.truth() for r in runs] if sc.check is not None else []
-        outcomes = poll_brokers([r.channel.broker_id for r in runs], force=True)
-        ticks.append(time.monotonic())
-        if alerts:
-            do_evaluate_alerts()
-            for alert in Alert.objects.filter(
-                channel__in=[r.channel for r in runs], state=AlertState.FIRING
-            ).select_related("channel"):
-                track = next(tr for tr in tracks if tr.run.channel.pk == alert.channel_id)
-                problem = f"alert fired: {alert.summary}"
-                if problem not in track.outcome.problems:
-                    track.outcome.problems.append(problem)
-        for run in runs:
-            run.tick_s = (ticks[-1] - ticks[0]) / (len(ticks) - 1) if len(ticks) > 1 else 0.0
-        for track, polled in zip(tracks, outcomes, strict=True):
-            if track.done:
-                continue
-            if polled.status != "ok":
-                track.outcome.problems.append(f"poll {polled.status}: {polled.errors}")
-            h = track.run.health()
-            track.health = h
-            track.polls += 1
-            track.outcome.observed.append(h.state)
-            if sc.check is not None:
-                after = track.run.app.truth()
-                for problem in sc.check(track.run, h, before[tracks.index(track)], after):
-                    track.outcome.problems.append(f"poll {track.polls}: {problem}")
-            # The first polls may only be excused for saying UNKNOWN; any other claim counts.
-            excused = track.polls <= track.quiet_polls and h.state == S.UNKNOWN
-            if track.polls > 2 and not excused and h.state in track.expect.never:
-                track.outcome.problems.append(
-                    f"poll {track.polls}: {h.state} ({'; '.join(h.evidence[:2])})"
-                )
+        _poll_tick(runs, tracks, sc, ticks, alerts=alerts)
 
     # 2. Warm-up under the steady traffic.
     for _ in range(sc.warmup_polls):
