@@ -20,7 +20,11 @@ Design choices:
 5. Progress is acknowledgements where the broker counts them, else deliveries of new messages:
    a consumer that retries one message later (NATS ``nak`` with a delay, a message parked in a
    retry queue) keeps consuming, and that is progress.
-6. ``stall_s`` (how long without progress before STALLED / STOPPED) and ``window_s`` (the
+6. Retries are not poison: POISONED needs redeliveries of at least 20 % of the deliveries
+   *and* no more messages finished than came back in the window (acknowledgements, else new
+   deliveries minus the growth of in-flight). A consumer retrying 40 % of its deliveries with
+   a backoff still finishes more than it retries; a poison loop finishes nothing.
+7. ``stall_s`` (how long without progress before STALLED / STOPPED) and ``window_s`` (the
    trend window) come from the caller: the poller passes the settings, the tests short ones.
 """
 
@@ -306,11 +310,30 @@ class _Window:
     quiet_s: float | None = None
     #: Whether the broker reports any traffic counter (produced, delivered, acked) at all.
     traffic_known: bool = True
+    #: Messages the consumers finished in the window (see ``_completions``); None if unknown.
+    completed: int | None = None
 
     @property
     def stuck(self) -> bool:
         """No progress for at least the stall window."""
         return self.quiet_s is not None and self.quiet_s >= self.stall_s
+
+    @property
+    def looping(self) -> bool:
+        """Redeliveries are at least 20 % of the deliveries (and at least 3)."""
+        return self.redelivered is not None and self.redelivered >= max(
+            3, 0.2 * (self.delivered or 0)
+        )
+
+    @property
+    def progressing(self) -> bool:
+        """The consumers finish more messages than come back: retries (a ``nak`` with a delay,
+        a retry queue) by a consumer making progress, not a poison loop."""
+        return (
+            self.completed is not None
+            and self.redelivered is not None
+            and self.completed > self.redelivered
+        )
 
     @property
     def waiting(self) -> int:
@@ -377,7 +400,25 @@ def _measure(
         traffic_known=any(
             getattr(last, name) is not None for name in ("produced", "delivered", "acked")
         ),
+        completed=counter_progress([p.acked for p in window])
+        if last.acked is not None
+        else _completions(window),
     )
+
+
+def _completions(window: Sequence[Point]) -> int | None:
+    """Messages finished over ``window`` where the broker counts no acknowledgements but does
+    count deliveries of new messages (NATS: the delivered stream sequence): the new messages
+    delivered minus the growth of those delivered and not yet acknowledged (in flight, a
+    ``nak``-ed message waiting for its retry included). A message leaves in-flight only when
+    it is acknowledged, terminated or given up: finished either way."""
+    points = [p for p in window if p.delivered is not None and p.in_flight is not None]
+    if len(points) < 2:
+        return None
+    delivered = counter_progress([p.delivered for p in points])
+    if delivered is None:
+        return None
+    return max(0, delivered - ((points[-1].in_flight or 0) - (points[0].in_flight or 0)))
 
 
 def _quiet_span(window: Sequence[Point], field: str) -> float | None:
@@ -403,6 +444,12 @@ def _primary_state(
     state = _stuck_state(w, thresholds, previous, evidence)
     if state is None:
         state = _trend_state(w, thresholds, previous, evidence)
+        if w.looping and w.progressing:
+            evidence.append(
+                f"{fmt_int(w.redelivered)} redeliveries in {fmt_duration(w.span)} while"
+                f" {fmt_int(w.completed)} messages were finished: retries by a consumer making"
+                " progress, not a poison loop."
+            )
     return state, evidence
 
 
@@ -411,7 +458,11 @@ def _stuck_state(
 ) -> HealthState | None:
     """POISONED, STOPPED or STALLED with its evidence appended, else None."""
     last, span, waiting, backlog = w.last, w.span, w.waiting, w.backlog
-    poison_enter = w.redelivered is not None and w.redelivered >= max(3, 0.2 * (w.delivered or 0))
+    # A poison loop: messages keep coming back and the consumers do not get through more
+    # than come back. Retries with backoff by a consumer making progress are not poison
+    # (docs/health.md, "Retries are not poison"); once POISONED, it stays so until the
+    # redeliveries stop.
+    poison_enter = w.looping and not w.progressing
     over_budget = (
         thresholds.retry_max_attempts is not None
         and last.max_deliveries is not None

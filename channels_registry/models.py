@@ -762,6 +762,12 @@ class ChannelHealth(models.Model):
     # every poll; NULL when the channel declares no DLQ or poison address.
     dlq_unresolved = models.BigIntegerField(null=True)
     poison_unresolved = models.BigIntegerField(null=True)
+    # Messages waiting for a retry, read from the poll's own sample (the channel page's
+    # "Waiting to retry", without its round trip): RabbitMQ the declared retry queue's
+    # messages, Redis the group's pending entries; NULL where the broker cannot say, with
+    # the reason in ``retry_unknown`` (NATS: a nak'ed message and one in processing alike).
+    retry_waiting = models.BigIntegerField(null=True)
+    retry_unknown = models.CharField(max_length=200, blank=True, default="")
     # Dead letters the broker said were waiting when the last ingest fetched none of them
     # (held by a crashed ingester until its ack wait ends, or a stuck drain); NULL when that
     # ingest fetched something or nothing was waiting.

@@ -41,7 +41,12 @@ from django.utils import timezone
 
 from brokers import get_adapter
 from brokers.base import Address, BrokerError, ChannelStats, PollResult, Topology, scrub
-from brokers.nats_jetstream import ADVISORY_STREAM, DRAIN_SUFFIXES, drain_consumer_name
+from brokers.nats_jetstream import (
+    ADVISORY_STREAM,
+    DRAIN_SUFFIXES,
+    copy_consumer_name,
+    drain_consumer_name,
+)
 from channels_registry import health, observed
 from channels_registry.models import (
     Broker,
@@ -111,32 +116,73 @@ class ChannelAddresses:
     main: Address
     dlq: tuple[Address, ...] = ()
     poison: tuple[Address, ...] = ()
+    #: RabbitMQ: the declared TTL retry queue (see ``waiting_to_retry``).
+    retry: tuple[Address, ...] = ()
 
     def all(self) -> list[Address]:
-        return [self.main, *self.dlq, *self.poison]
+        return [self.main, *self.dlq, *self.poison, *self.retry]
 
 
 def channel_addresses(channel: Channel, kind: str, installation: str = "") -> ChannelAddresses:
     """The addresses sampled for one channel. Redis dead-letter streams are sampled through the
     dashboard's drain group (what is not ingested yet) and as a plain stream (fallback before
     that group exists); a NATS channel capturing advisories through this installation's two
-    drain consumers on DLO_ADVISORIES (what is not ingested yet); other brokers sample the DLQ
-    queue/stream itself."""
+    drain consumers on DLO_ADVISORIES (what is not ingested yet); a NATS copy stream (the DLQ or
+    poison stream the consumer republishes into) through this installation's copy durable on it
+    (what is not ingested yet: an ack removes nothing from a limits stream) and as a plain stream
+    (its total; the fallback before the first ingest creates the durable); RabbitMQ samples the
+    DLQ queue itself (ingest removes what it stored)."""
+    own = Address(channel.address, channel.address_group)
 
     def dead(name: str) -> tuple[Address, ...]:
         if not name:
             return ()
         if kind == BrokerKind.REDIS:
             return (Address(name, REDIS_DRAIN_GROUP), Address(name))
+        if kind == BrokerKind.NATS:
+            return (Address(name, copy_consumer_name(name, own, installation)), Address(name))
         return (Address(name),)
 
     dlq = dead(channel.dlq_address)
     if kind == BrokerKind.NATS and channel.nats_advisory_capture:
-        durable = drain_consumer_name(Address(channel.address, channel.address_group), installation)
+        durable = drain_consumer_name(own, installation)
         dlq = (*(Address(ADVISORY_STREAM, durable + s) for s in DRAIN_SUFFIXES), *dlq)
-    return ChannelAddresses(
-        Address(channel.address, channel.address_group), dlq, dead(channel.poison_address)
-    )
+    retry: tuple[Address, ...] = ()
+    if kind == BrokerKind.RABBITMQ and channel.retry_address:
+        retry = (Address(channel.retry_address),)
+    return ChannelAddresses(own, dlq, dead(channel.poison_address), retry)
+
+
+def waiting_to_retry(
+    kind: str, addresses: ChannelAddresses, stats: dict[Address, ChannelStats]
+) -> tuple[int | None, str]:
+    """How many of the channel's messages wait for a retry, as the channel page's "Waiting to
+    retry" counts them (``BrokerAdapter.retries``), taken from this poll's samples so the board
+    costs no round trip per row: ``(count, "")``, or ``(None, why)`` where the broker cannot
+    say. RabbitMQ: the declared TTL retry queue's messages (sampled with the channel's other
+    queues); Redis: the group's pending entries; NATS: unknown — JetStream counts a message
+    ``nak``-ed with a delay and one in processing alike, so the ack-pending count only bounds
+    it."""
+    main = stats.get(addresses.main)
+    if kind == BrokerKind.RABBITMQ:
+        if not addresses.retry:
+            return None, "no retry queue declared"
+        retry = stats.get(addresses.retry[0])
+        if retry is None or not retry.exists:
+            return None, f"retry queue {addresses.retry[0].name!r} not found"
+        if retry.retained is not None:
+            return retry.retained, ""
+        if retry.backlog is not None:
+            return retry.backlog + (retry.in_flight or 0), ""
+        return None, "the broker did not report the retry queue's depth"
+    if kind == BrokerKind.REDIS:
+        if main is not None and main.exists and main.in_flight is not None:
+            return main.in_flight, ""
+        return None, "the group's pending entries were not read"
+    bound = ""
+    if main is not None and main.exists and main.in_flight is not None:
+        bound = f"; at most {main.in_flight:,} (awaiting ack)"
+    return None, "NATS counts a nak'ed message and one in processing alike" + bound
 
 
 def dead_letter_depth(
@@ -542,6 +588,7 @@ def _store_sample(
         setattr(row, name, value)
     row.dlq_retained = dead_letter_total(addresses.dlq, result.stats)
     row.poison_retained = dead_letter_total(addresses.poison, result.stats)
+    row.retry_waiting, row.retry_unknown = waiting_to_retry(broker.kind, addresses, result.stats)
     row.oldest_age_s = sample.oldest_message_age_s
     row.last_sample_at = now
     row.spark = _spark(row.spark or [], minute, sample.backlog)
@@ -704,6 +751,8 @@ def _display_key(row: ChannelHealth) -> tuple[Any, ...]:
         row.poison_depth,
         row.dlq_unresolved,
         row.poison_unresolved,
+        row.retry_waiting,
+        row.retry_unknown,
         None if row.eta_s is None else round(row.eta_s / 10),
         _spark_meaning(row.spark),
     )

@@ -37,6 +37,8 @@ class RowHealth(NamedTuple):
     dlq_unresolved: int | None
     poison_depth: int | None
     poison_unresolved: int | None
+    retry_waiting: int | None
+    retry_unknown: str
     drain_rate: float | None
     eta_s: float | None
 

@@ -64,6 +64,15 @@ def _stored(depth: Any, unresolved: Any) -> str:
     return f"{num(depth)}{extra}"
 
 
+def _retrying(count: Any, unknown: str) -> str:
+    """Messages waiting for a retry (stored by the poll), or "unknown" with the reason."""
+    if count is not None:
+        return num(count)
+    if not unknown:
+        return _DASH
+    return f'unknown<div class="sub why">{escape(unknown)}</div>'
+
+
 def _number_cells(row: BoardRow) -> str:
     h = row.health
     if h is None:
@@ -72,6 +81,7 @@ def _number_cells(row: BoardRow) -> str:
             f'<td class="n" data-label="In flight">{_DASH}</td>\n'
             f'<td class="n" data-label="Consumers">{_DASH}</td>\n'
             f'<td class="n" data-label="Oldest / lag">{_DASH}</td>\n'
+            f'<td class="n" data-label="Retrying">{_DASH}</td>\n'
             f'<td class="n" data-label="DLQ">{_DASH}</td>\n'
             f'<td class="n" data-label="Poison">{_DASH}</td>\n'
         )
@@ -87,6 +97,7 @@ def _number_cells(row: BoardRow) -> str:
         f'<td class="n" data-label="Consumers">{num(h.active_consumers)} / {num(h.consumers)}'
         "</td>\n"
         f'<td class="n" data-label="Oldest / lag">{escape(oldest)}</td>\n'
+        f'<td class="n" data-label="Retrying">{_retrying(h.retry_waiting, h.retry_unknown)}</td>\n'
         f'<td class="n" data-label="DLQ">{_stored(h.dlq_depth, h.dlq_unresolved)}</td>\n'
         f'<td class="n" data-label="Poison">{_stored(h.poison_depth, h.poison_unresolved)}'
         "</td>\n"

@@ -30,6 +30,7 @@ from channels_registry.polling import (
     dead_letter_total,
     do_poll_broker,
     sample_from_poll,  # the board's own translation of an adapter answer into its numbers
+    waiting_to_retry,
 )
 from dlq.models import count_unresolved
 
@@ -42,6 +43,7 @@ NUMBERS: tuple[tuple[str, str], ...] = (
     ("active consumers", "active_consumers"),
     ("DLQ not ingested", "dlq_depth"),
     ("poison not ingested", "poison_depth"),
+    ("waiting to retry", "retry_waiting"),
     ("DLQ on broker", "dlq_retained"),
     ("poison on broker", "poison_retained"),
     ("DLQ stored", "dlq_unresolved"),
@@ -131,6 +133,7 @@ def _read(channel: Channel, *, management: bool) -> dict[str, int | None]:
         for _, field in NUMBERS
         if field not in _STORED and hasattr(sample, field)
     }
+    numbers["retry_waiting"], _why = waiting_to_retry(broker.kind, addresses, result.stats)
     numbers["dlq_retained"] = dead_letter_total(addresses.dlq, result.stats)
     numbers["poison_retained"] = dead_letter_total(addresses.poison, result.stats)
     stored = count_unresolved([channel.pk], timezone.now()).get(channel.pk)

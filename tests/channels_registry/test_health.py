@@ -187,6 +187,40 @@ def test_poisoned_when_redeliveries_rise() -> None:
     assert result.state == HealthState.POISONED
 
 
+def test_retries_with_backoff_by_a_consumer_making_progress_are_not_poison() -> None:
+    """NATS-like (no ack count): 40 new messages delivered per step, every one finished but
+    for the 40 % nak-ed with a delay, redelivered later: redeliveries are 29 % of deliveries,
+    fewer than the messages finished."""
+    result = assess(
+        history(
+            backlog=5,
+            delivered=lambda i: 40 * i,
+            redelivered=lambda i: 16 * i,
+            in_flight=lambda i: 30 + (i % 4),
+            consumers=1,
+            active_consumers=1,
+        )
+    )
+    assert result.state == HealthState.OK
+    assert any("not a poison loop" in e for e in result.evidence), result.evidence
+
+
+def test_a_poison_loop_finishing_nothing_is_poisoned_without_an_ack_count() -> None:
+    """NATS-like: new messages keep arriving, each nak-ed straight back; none is finished, so
+    in-flight grows by every new delivery."""
+    result = assess(
+        history(
+            backlog=0,
+            delivered=lambda i: 2 * i,
+            redelivered=lambda i: 20 * i,
+            in_flight=lambda i: 2 * i,
+            consumers=1,
+            active_consumers=1,
+        )
+    )
+    assert result.state == HealthState.POISONED
+
+
 def test_poisoned_is_sticky_until_redeliveries_stop() -> None:
     few = history(
         backlog=20,

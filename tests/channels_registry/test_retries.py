@@ -13,7 +13,8 @@ import redis
 from django.contrib.auth.models import User
 from nats.js.api import AckPolicy, ConsumerConfig
 
-from channels_registry.models import BrokerKind
+from channels_registry.actions import do_poll_broker
+from channels_registry.models import BrokerKind, ChannelHealth
 from tests.channels_registry.test_poll import (  # noqa: F401 - fixtures
     NATS_URL,
     _name,
@@ -25,6 +26,13 @@ from tests.channels_registry.test_poll import (  # noqa: F401 - fixtures
 from tests.conftest import client_for, make_broker, make_channel
 
 pytestmark = [pytest.mark.broker, pytest.mark.django_db]
+
+
+def _board_cell(viewer: User, slug: str) -> str:
+    """The "Retrying" cell of the channel's board row."""
+    board = client_for(viewer).get("/").content.decode()
+    row = board.split(f'href="/channels/{slug}/"')[1].split("</tr>")[0]
+    return row.split('data-label="Retrying">')[1].split("</td>")[0]
 
 
 def _section(viewer: User, slug: str, *, htmx: bool) -> str:
@@ -60,6 +68,12 @@ def test_redis_pending_entries_are_listed_with_their_delivery_counts(
     assert "estimated: last delivery + the declared ack timeout of 30 s" in partial
     assert hostile not in partial and "c&lt;script&gt;alert(1)&lt;/script&gt;" in partial
 
+    # The board row: the same count, from the poll's own sample (no read of its own).
+    assert do_poll_broker(broker.pk).status == "ok"
+    health = ChannelHealth.objects.get(channel__slug="orders")
+    assert (health.retry_waiting, health.retry_unknown) == (2, "")
+    assert _board_cell(viewer, "orders") == "2"
+
 
 def test_rabbitmq_ttl_retry_queue_is_counted_and_said_unlistable(
     amqp: Any, rabbit_broker: Any, viewer: User
@@ -82,6 +96,14 @@ def test_rabbitmq_ttl_retry_queue_is_counted_and_said_unlistable(
     assert "cannot show the messages of a queue" in partial
     assert '<dd id="retry-count">unknown</dd>' in undeclared
     assert "No retry queue is declared" in undeclared
+
+    # The board rows: the retry queue sampled with the poll's other queues; undeclared is
+    # unknown with the reason.
+    assert do_poll_broker(rabbit_broker.pk).status == "ok"
+    assert ChannelHealth.objects.get(channel__slug="orders").retry_waiting == 4
+    assert _board_cell(viewer, "orders") == "4"
+    cell = _board_cell(viewer, "no-retry")
+    assert cell == 'unknown<div class="sub why">no retry queue declared</div>'
 
 
 def test_nats_naked_with_delay_is_bounded_by_ack_pending_and_not_listed(
@@ -112,6 +134,12 @@ def test_nats_naked_with_delay_is_bounded_by_ack_pending_and_not_listed(
     assert '<dd id="retry-count">unknown (at most 2)</dd>' in partial
     assert "cannot list pending messages or their redelivery times" in partial
     assert "<table" not in partial
+
+    assert do_poll_broker(broker.pk).status == "ok"
+    health = ChannelHealth.objects.get(channel__slug="orders")
+    assert health.retry_waiting is None
+    assert "at most 2 (awaiting ack)" in health.retry_unknown
+    assert _board_cell(viewer, "orders").startswith('unknown<div class="sub why">NATS counts a nak')
 
 
 def test_an_unreachable_broker_makes_every_retry_number_unknown(

@@ -124,6 +124,7 @@ TEMPLATE_ROW = """{% load dlo_health %}{% with h=row.health %}
 <td class="n" data-label="In flight">{{ h.in_flight|num }}</td>
 <td class="n" data-label="Consumers">{% if h %}{{ h.active_consumers|num }} / {{ h.consumers|num }}{% else %}—{% endif %}</td>
 <td class="n" data-label="Oldest / lag">{% if h.oldest_age_s is not None %}{{ h.oldest_age_s|duration }}{% elif h.lag_s is not None %}~{{ h.lag_s|duration }}{% else %}—{% endif %}</td>
+<td class="n" data-label="Retrying">{% if not h %}—{% elif h.retry_waiting is not None %}{{ h.retry_waiting|num }}{% elif h.retry_unknown %}unknown<div class="sub why">{{ h.retry_unknown }}</div>{% else %}—{% endif %}</td>
 <td class="n" data-label="DLQ">{{ h.dlq_depth|num }}{% if h.dlq_unresolved %}<div class="stored">+{{ h.dlq_unresolved|num }} stored</div>{% endif %}</td>
 <td class="n" data-label="Poison">{{ h.poison_depth|num }}{% if h.poison_unresolved %}<div class="stored">+{{ h.poison_unresolved|num }} stored</div>{% endif %}</td>
 <td data-label="Backlog, 1 h">{{ row.spark }}</td>
@@ -174,6 +175,8 @@ def test_rows_are_the_old_partials_rows_byte_for_byte() -> None:
             dlq_depth=[None, 7][n % 2],
             dlq_unresolved=[None, 0, 2][n % 3],
             poison_unresolved=[0, 5][n % 2],
+            retry_waiting=[None, 21, None, 0][n % 4],
+            retry_unknown=["", "", f"retry queue {HOSTILE!r} not found", ""][n % 4],
             drain_rate=[None, 0.0, 3.0][n % 3],
             eta_s=[None, 7200.0][n % 2],
             spark=[[start + t, v] for t, v in spark],

@@ -397,6 +397,13 @@ def test_comparison_agrees_after_a_poll_and_flags_a_stored_number_that_differs(
         # A fresh, empty topology: the known state, read by the board and the broker alike.
         assert by_label["backlog"].board == by_label["backlog"].broker == 0
         assert by_label["DLQ stored"].board == by_label["DLQ stored"].broker == 0
+        # Waiting to retry: the same definition on the board and in the broker's read (NATS
+        # cannot say: unknown on both sides, never a mismatch).
+        retrying = by_label["waiting to retry"]
+        if kind == "nats":
+            assert retrying.board is None and retrying.verdict == compare.UNKNOWN
+        else:
+            assert retrying.board == retrying.broker == 0
         # The board's stored number altered: the comparison (without a new poll) must see it.
         ChannelHealth.objects.filter(channel=channel).update(backlog=7, dlq_unresolved=3)
         second = compare.compare_channel(channel, poll=False, settle_s=0.1)

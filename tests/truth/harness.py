@@ -35,6 +35,7 @@ from channels_registry.actions import do_poll_broker
 from channels_registry.health import HealthState
 from channels_registry.models import Broker, BrokerKind, Channel, ChannelHealth
 from channels_registry.polling import poll_brokers
+from tests.truth import replay as r
 from tests.truth import traffic as t
 
 S = HealthState
@@ -100,6 +101,8 @@ class Run:
     #: The poll interval as it really was (a loaded machine stretches every tick): detection
     #: targets count in it, not in the interval asked for.
     tick_s: float = 0.0
+    #: A scenario's own state (the replay plan of "replay").
+    extra: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def health(self) -> ChannelHealth:
         return ChannelHealth.objects.get(channel=self.channel)
@@ -121,6 +124,14 @@ class Scenario:
     kinds: tuple[str, ...] = ("rabbitmq", "redis", "nats")
     management: Callable[[str], str] | None = None
     slow: bool = True
+    #: Work done on the harness's thread in every tick before the poll, given its share of
+    #: the interval in seconds (the relay's slices).
+    during: Callable[[Run, float], None] | None = None
+    #: After every poll, given the board's row and the broker's reads just before and just
+    #: after it: the disagreements.
+    check: Callable[[Run, ChannelHealth, dict[str, Any], dict[str, Any]], list[str]] | None = None
+    #: At the end, traffic still running: the disagreements (the replay finished and received).
+    settle: Callable[[Run], list[str]] | None = None
 
 
 # --- the scenario library ---------------------------------------------------------------------
@@ -129,6 +140,14 @@ class Scenario:
 def _steady(run: Run, mode: str = "ack", rate: float = 20.0) -> None:
     run.app.produce(rate)
     run.consumers.append(run.app.consume(mode))
+
+
+def _heavy_retries(run: Run) -> None:
+    """40 % of the deliveries retried after a short backoff, as the demo's 503 mix: on NATS a
+    ``nak`` with a 2 s delay, so the retries come back as redeliveries inside the window."""
+    run.app.produce(20.0)
+    delay = {"nak_delay_s": 2.0} if run.kind == "nats" else {}
+    run.consumers.append(run.app.consume("retry", retry_every=5, retries=2, **delay))
 
 
 def _slow(run: Run) -> None:
@@ -188,6 +207,14 @@ SCENARIOS: tuple[Scenario, ...] = (
         "producer 20/s; the consumer retries every few messages the broker's way (TTL retry"
         " queue, pending entries claimed later, nak with a 300 s delay)",
         start=lambda run: _steady(run, "retry"),
+        expect=_healthy,
+    ),
+    Scenario(
+        "retries-heavy",
+        "producer 20/s; the consumer retries 40 % of its deliveries after a short backoff (TTL"
+        " retry queue, pending entries claimed after 1 s, nak with a 2 s delay), as the demo's"
+        " 503 mix: retries by a consumer making progress, not poison",
+        start=_heavy_retries,
         expect=_healthy,
     ),
     Scenario(
@@ -251,6 +278,19 @@ SCENARIOS: tuple[Scenario, ...] = (
         fault=_burst,
     ),
     Scenario(
+        "replay",
+        f"steady traffic; {r.DEAD} dead letters captured by the ingest, then a replay plan"
+        f" ({r.VELOCITY:g}/s) relayed back to the origin while its consumer drains it",
+        start=r.start,
+        # Healthy throughout; at every poll the board's DLQ (not yet ingested) equals the
+        # broker's and its stored-awaiting-triage equals the stored minus the confirmed.
+        expect=_healthy,
+        during=r.relay_slice,
+        check=r.check,
+        settle=r.finish,
+        warmup_polls=0,
+    ),
+    Scenario(
         "no-management",
         "steady traffic; the broker's management URL points at a closed port",
         start=_steady,
@@ -293,6 +333,9 @@ _BOARD = {
     "dlq_total": "dlq_retained",
     "dlq_pending": "dlq_depth",
     "poison_total": "poison_retained",
+    # Waiting for a retry (the board's "Retrying"): RabbitMQ's TTL retry queue, Redis's
+    # pending entries; NATS cannot say (its truth has no such number: unknown on the board).
+    "retry_waiting": "retry_waiting",
 }
 
 
@@ -337,6 +380,7 @@ def _declared(kind: str, sc: Scenario, app: Any, interval_s: float) -> Iterator[
         dlq_strategies=["ttl-with-backoff", "poison-queue", "dlq-alert"],
         dlq_address=app.dlq,
         poison_address=app.poison,
+        retry_address=getattr(app, "retry", "") if kind == "rabbitmq" else "",
         alert_dlq_depth=1000,
         # The issue saw "lag 21 min ≥ 30 s" fire on a healthy NATS consumer.
         alert_lag_seconds=30,
@@ -347,6 +391,7 @@ def _declared(kind: str, sc: Scenario, app: Any, interval_s: float) -> Iterator[
         yield channel
     finally:
         os.environ.pop(env, None)
+        r.forget(channel.pk)
         Channel.objects.filter(pk=channel.pk).delete()
         broker.delete()
 
@@ -401,6 +446,58 @@ class _Track:
     health: ChannelHealth | None = None
 
 
+def _poll_tick(
+    runs: list[Run], tracks: list[_Track], sc: Scenario, ticks: list[float], *, alerts: bool
+) -> None:
+    """One poll tick: the scenario's work between polls (a relay slice), the rest of the
+    interval, the poll of every broker (the scheduler's ``poll_brokers``), then each broker's
+    state recorded and judged, the scenario's own checks and, with ``alerts``, the alerts."""
+    interval = runs[0].interval_s
+    began = time.monotonic()
+    if sc.during is not None:
+        for run in runs:
+            sc.during(run, interval / len(runs))
+    time.sleep(max(0.0, interval - (time.monotonic() - began)))
+    before = [run.app.truth() for run in runs] if sc.check is not None else []
+    outcomes = poll_brokers([run.channel.broker_id for run in runs], force=True)
+    ticks.append(time.monotonic())
+    if alerts:
+        _alerts_fired(runs, tracks)
+    for run in runs:
+        run.tick_s = (ticks[-1] - ticks[0]) / (len(ticks) - 1) if len(ticks) > 1 else 0.0
+    for n, (track, polled) in enumerate(zip(tracks, outcomes, strict=True)):
+        if track.done:
+            continue
+        if polled.status != "ok":
+            track.outcome.problems.append(f"poll {polled.status}: {polled.errors}")
+        h = track.run.health()
+        track.health = h
+        track.polls += 1
+        track.outcome.observed.append(h.state)
+        if sc.check is not None:
+            after = track.run.app.truth()
+            for problem in sc.check(track.run, h, before[n], after):
+                track.outcome.problems.append(f"poll {track.polls}: {problem}")
+        # The first polls may only be excused for saying UNKNOWN; any other claim counts.
+        excused = track.polls <= track.quiet_polls and h.state == S.UNKNOWN
+        if track.polls > 2 and not excused and h.state in track.expect.never:
+            track.outcome.problems.append(
+                f"poll {track.polls}: {h.state} ({'; '.join(h.evidence[:2])})"
+            )
+
+
+def _alerts_fired(runs: list[Run], tracks: list[_Track]) -> None:
+    """Evaluate the alert rules; every alert firing on a scenario's channel is a problem."""
+    do_evaluate_alerts()
+    for alert in Alert.objects.filter(
+        channel__in=[run.channel for run in runs], state=AlertState.FIRING
+    ).select_related("channel"):
+        track = next(tr for tr in tracks if tr.run.channel.pk == alert.channel_id)
+        problem = f"alert fired: {alert.summary}"
+        if problem not in track.outcome.problems:
+            track.outcome.problems.append(problem)
+
+
 def _run(
     runs: list[Run], sc: Scenario, *, hold_s: float | None = None, alerts: bool = False
 ) -> list[Outcome]:
@@ -423,35 +520,7 @@ def _run(
     ticks: list[float] = []
 
     def tick() -> None:
-        time.sleep(interval)
-        outcomes = poll_brokers([r.channel.broker_id for r in runs], force=True)
-        ticks.append(time.monotonic())
-        if alerts:
-            do_evaluate_alerts()
-            for alert in Alert.objects.filter(
-                channel__in=[r.channel for r in runs], state=AlertState.FIRING
-            ).select_related("channel"):
-                track = next(tr for tr in tracks if tr.run.channel.pk == alert.channel_id)
-                problem = f"alert fired: {alert.summary}"
-                if problem not in track.outcome.problems:
-                    track.outcome.problems.append(problem)
-        for run in runs:
-            run.tick_s = (ticks[-1] - ticks[0]) / (len(ticks) - 1) if len(ticks) > 1 else 0.0
-        for track, polled in zip(tracks, outcomes, strict=True):
-            if track.done:
-                continue
-            if polled.status != "ok":
-                track.outcome.problems.append(f"poll {polled.status}: {polled.errors}")
-            h = track.run.health()
-            track.health = h
-            track.polls += 1
-            track.outcome.observed.append(h.state)
-            # The first polls may only be excused for saying UNKNOWN; any other claim counts.
-            excused = track.polls <= track.quiet_polls and h.state == S.UNKNOWN
-            if track.polls > 2 and not excused and h.state in track.expect.never:
-                track.outcome.problems.append(
-                    f"poll {track.polls}: {h.state} ({'; '.join(h.evidence[:2])})"
-                )
+        _poll_tick(runs, tracks, sc, ticks, alerts=alerts)
 
     # 2. Warm-up under the steady traffic, then (bounded) until the board has a reading to
     #    compare the fault with: a burst into a DLQ whose depth was never read before it is
@@ -507,6 +576,9 @@ def _run(
         track.expect = sc.expect(track.run)  # the targets in the ticks as they really were
         track.outcome.target_s = track.expect.within_s
         _verdict(track, has_fault=sc.fault is not None)
+    if sc.settle is not None:
+        for track in tracks:
+            track.outcome.problems.extend(sc.settle(track.run))
     # 4. The numbers, traffic stopped.
     for track in tracks:
         for worker in track.run.traffic.workers:
@@ -578,6 +650,9 @@ def _compare_numbers(run: Run, outcome: Outcome, expect: Expect) -> None:
             outcome.numbers[name] = (shown, after[name])
             if shown is None or low is None or not low <= shown <= high:
                 disagree[name] = (shown, after[name])
+        if "retry_waiting" not in before and health.retry_waiting is not None:
+            # A broker that cannot say how many wait for a retry (NATS): unknown, with why.
+            disagree["retry_waiting"] = (health.retry_waiting, None)
         if not disagree or time.monotonic() >= deadline:
             break
     for name, (shown, broker) in disagree.items():

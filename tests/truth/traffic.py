@@ -5,18 +5,25 @@ Every worker is bounded: it stops when asked (``stop``) or after ``MAX_RUN_S``, 
 created is deleted by ``Traffic.cleanup``. Consumer behaviours (``mode``):
 
 - ``ack``: acknowledge every message; ``slow``: the same, ``delay_s`` per message;
-- ``retry``: acknowledge all but every ``retry_every``-th, the very first one included (so a
-  JetStream ack floor never moves: the issue's case), retried later the broker's way
-  (RabbitMQ: rejected into a TTL retry queue that dead-letters back; Redis: left pending and
-  claimed later with XAUTOCLAIM; NATS: ``nak`` with a 300 s delay);
+- ``retry``: acknowledge all but ``retries`` of every ``retry_every`` deliveries, the very
+  first one included (so a JetStream ack floor never moves: the issue's case), retried later
+  the broker's way (RabbitMQ: rejected into a TTL retry queue that dead-letters back; Redis:
+  left pending and claimed later with XAUTOCLAIM; NATS: ``nak`` with a delay, ``nak_delay_s``,
+  300 s unless told);
 - ``hang``: take a full prefetch and never acknowledge it, connection kept open;
 - ``poison``: reject every message back to the queue at once (requeue / nak / re-claim).
+
+Every consumer notes the ``x-dlq-replay-id`` of the replayed messages it acknowledges
+(``replayed``): what the relay's confirms say reached the origin, seen from the other side.
+``dead_letters(n)`` puts dead letters in the DLQ the way an application gives messages up
+(a NATS consumer republishes a copy naming its original), for the product's ingest to capture.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import threading
 import time
 import uuid
@@ -30,7 +37,9 @@ import pika
 import redis
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
-from brokers.nats_jetstream import close_loop, close_quietly
+from brokers.base import Address
+from brokers.nats_jetstream import close_loop, close_quietly, copy_consumer_name
+from channels_registry.models import installation_id
 
 RABBIT_URL = "amqp://guest:guest@127.0.0.1:5672/%2F"
 RABBIT_MGMT = "http://guest:guest@127.0.0.1:15672"
@@ -38,6 +47,7 @@ REDIS_URL = "redis://127.0.0.1:6379/0"
 NATS_URL = "nats://127.0.0.1:4222"
 MAX_RUN_S = 1800.0  # past the longest soak: a worker never ends inside a scenario
 GROUP = "workers"
+REPLAY_ID = "x-dlq-replay-id"
 
 
 def unique(prefix: str) -> str:
@@ -88,6 +98,12 @@ class Traffic:
                 clean()
 
 
+def _retried(n: int, every: int, retries: int) -> bool:
+    """Whether the ``n``-th delivery (from 1) is retried: ``retries`` of every ``every``, the
+    very first delivery included."""
+    return 1 <= n % every <= retries
+
+
 def _deadline() -> float:
     return time.monotonic() + MAX_RUN_S
 
@@ -134,6 +150,7 @@ class Rabbit:
 
         traffic.cleanups.append(delete)
         self.traffic = traffic
+        self.replayed: set[str] = set()
 
     def produce(self, rate: float, queue: str | None = None) -> Worker:
         target = queue or self.queue
@@ -157,8 +174,24 @@ class Rabbit:
             channel.basic_publish("", queue, f"dead {n}".encode())
         connection.close()
 
+    def dead_letters(self, count: int) -> None:
+        """``count`` messages dead-lettered from the work queue into the DLQ."""
+        connection = pika.BlockingConnection(pika.URLParameters(RABBIT_URL))
+        channel = connection.channel()
+        for n in range(count):
+            headers = {"Idempotency-Key": f"dead-{n}", "x-first-death-queue": self.queue}
+            properties = pika.BasicProperties(headers=headers, content_type="application/json")
+            channel.basic_publish("", self.dlq, b'{"order": %d}' % n, properties)
+        connection.close()
+
     def consume(
-        self, mode: str = "ack", *, delay_s: float = 0.0, retry_every: int = 5, prefetch: int = 10
+        self,
+        mode: str = "ack",
+        *,
+        delay_s: float = 0.0,
+        retry_every: int = 5,
+        retries: int = 1,
+        prefetch: int = 10,
     ) -> Worker:
         def body(stop: threading.Event) -> None:
             connection = pika.BlockingConnection(pika.URLParameters(RABBIT_URL))
@@ -166,7 +199,7 @@ class Rabbit:
             channel.basic_qos(prefetch_count=prefetch)
             seen = [0]
 
-            def on_message(ch: Any, method: Any, _props: Any, _body: bytes) -> None:
+            def on_message(ch: Any, method: Any, props: Any, _body: bytes) -> None:
                 seen[0] += 1
                 if mode == "hang":
                     return  # held unacknowledged while the connection stays open
@@ -176,11 +209,15 @@ class Rabbit:
                     return
                 if delay_s:
                     connection.sleep(delay_s)
-                if mode == "retry" and seen[0] % retry_every == 1 and not method.redelivered:
+                retried = _retried(seen[0], retry_every, retries)
+                if mode == "retry" and retried and not method.redelivered:
                     # Parked in the TTL retry queue, back in the work queue a second later.
                     ch.basic_reject(method.delivery_tag, requeue=False)
                     return
                 ch.basic_ack(method.delivery_tag)
+                replay_id = (props.headers or {}).get(REPLAY_ID)
+                if replay_id:
+                    self.replayed.add(str(replay_id))
 
             channel.basic_consume(self.queue, on_message)
             end = _deadline()
@@ -197,8 +234,10 @@ class Rabbit:
         main = channel.queue_declare(self.queue, passive=True).method
         dlq = channel.queue_declare(self.dlq, passive=True).method
         poison = channel.queue_declare(self.poison, passive=True).method
+        retry = channel.queue_declare(self.retry, passive=True).method
         connection.close()
         return {
+            "retry_waiting": retry.message_count,
             "backlog": main.message_count,
             "consumers": main.consumer_count,
             "dlq_total": dlq.message_count,
@@ -230,6 +269,7 @@ class RedisStreams:
 
         traffic.cleanups.append(delete)
         self.traffic = traffic
+        self.replayed: set[str] = set()
 
     def produce(self, rate: float) -> Worker:
         def body(stop: threading.Event) -> None:
@@ -249,8 +289,23 @@ class RedisStreams:
             client.xadd(stream, {"body": f"dead {n}", "reason": "burst"})
         client.close()
 
+    def dead_letters(self, count: int) -> None:
+        """``count`` entries a reaper moved into the DLQ stream (the original's fields plus
+        where it came from)."""
+        client = redis.Redis.from_url(REDIS_URL)
+        for n in range(count):
+            fields = {"body": json.dumps({"order": n}), "Idempotency-Key": f"dead-{n}"}
+            client.xadd(self.dlq, {**fields, "reason": "gave up"})
+        client.close()
+
     def consume(
-        self, mode: str = "ack", *, delay_s: float = 0.0, retry_every: int = 5, prefetch: int = 10
+        self,
+        mode: str = "ack",
+        *,
+        delay_s: float = 0.0,
+        retry_every: int = 5,
+        retries: int = 1,
+        prefetch: int = 10,
     ) -> Worker:
         name = unique("consumer")
 
@@ -281,13 +336,17 @@ class RedisStreams:
                     GROUP, name, {self.stream: ">"}, count=prefetch, block=200
                 )
                 for _stream, entries in answer or []:
-                    for entry_id, _fields in entries:
+                    for entry_id, fields in entries:
                         n += 1
                         if delay_s:
                             stop.wait(delay_s)
-                        if mode == "poison" or (mode == "retry" and n % retry_every == 1):
+                        retried = mode == "retry" and _retried(n, retry_every, retries)
+                        if mode == "poison" or retried:
                             continue  # left pending: claimed again later
                         client.xack(self.stream, GROUP, entry_id)
+                        replay_id = fields.get(REPLAY_ID.encode())
+                        if replay_id:
+                            self.replayed.add(replay_id.decode())
             client.close()
 
         return self.traffic.start(body, f"redis-consume-{mode}")
@@ -307,6 +366,7 @@ class RedisStreams:
         return {
             "backlog": group["lag"],
             "in_flight": group["pending"],
+            "retry_waiting": group["pending"],
             "dlq_total": dlq_total,
             "dlq_pending": dlq_pending,
             "poison_total": poison_total,
@@ -387,6 +447,7 @@ class Nats:
 
         traffic.cleanups.append(delete)
         self.traffic = traffic
+        self.replayed: set[str] = set()
 
     def _worker(self, make: Callable[[threading.Event], Any], name: str) -> Worker:
         def body(stop: threading.Event) -> None:
@@ -416,8 +477,36 @@ class Nats:
 
         self.admin.run(run())
 
+    def dead_letters(self, count: int) -> None:
+        """``count`` copies the consumer republished into the DLQ stream as it gave messages
+        up, each naming its original (JetStream's RePublish headers), so a replay goes back to
+        the original's subject."""
+
+        async def run() -> None:
+            async with _connection() as nc:
+                js = nc.jetstream()
+                for n in range(count):
+                    headers = {
+                        "Nats-Stream": self.stream,
+                        "Nats-Sequence": str(1_000_000 + n),
+                        "Nats-Subject": self.subject,
+                        "Nats-Consumer": self.consumer,
+                        "Idempotency-Key": f"dead-{n}",
+                        "reason": "gave up",
+                    }
+                    await js.publish(self.dlq_subject, b'{"order": %d}' % n, headers=headers)
+
+        self.admin.run(run())
+
     def consume(
-        self, mode: str = "ack", *, delay_s: float = 0.0, retry_every: int = 25, prefetch: int = 10
+        self,
+        mode: str = "ack",
+        *,
+        delay_s: float = 0.0,
+        retry_every: int = 25,
+        retries: int = 1,
+        prefetch: int = 10,
+        nak_delay_s: float = 300.0,
     ) -> Worker:
         async def run(stop: threading.Event) -> None:
             async with _connection() as nc:
@@ -444,25 +533,41 @@ class Nats:
                             continue
                         if delay_s:
                             await asyncio.sleep(delay_s)
-                        if mode == "retry" and n % retry_every == 1:
-                            await msg.nak(delay=300)  # retried in five minutes: backoff
+                        if mode == "retry" and _retried(n, retry_every, retries):
+                            await msg.nak(delay=nak_delay_s)  # retried later: backoff
                             continue
                         await msg.ack()
+                        replay_id = (msg.headers or {}).get(REPLAY_ID)
+                        if replay_id:
+                            self.replayed.add(replay_id)
 
         return self._worker(run, f"nats-consume-{mode}")
 
     def truth(self) -> dict[str, int | None]:
+        # The installation's id is read here, on the caller's thread (its database connection).
+        durable = copy_consumer_name(
+            self.dlq, Address(self.stream, self.consumer), installation_id()
+        )
+
         async def read() -> dict[str, int | None]:
             async with _connection() as nc:
                 js = nc.jetstream()
                 info = await js.consumer_info(self.stream, self.consumer)
                 dlq = await js.stream_info(self.dlq)
                 poison = await js.stream_info(self.poison)
+                # Not yet ingested: what the ingest's durable on the copy stream has not
+                # acknowledged (an ack removes nothing); every copy before it exists.
+                try:
+                    ingest = await js.consumer_info(self.dlq, durable)
+                except nats.js.errors.NotFoundError:
+                    dlq_pending = dlq.state.messages
+                else:
+                    dlq_pending = ingest.num_pending + ingest.num_ack_pending
             return {
                 "backlog": info.num_pending,
                 "in_flight": info.num_ack_pending,
                 "dlq_total": dlq.state.messages,
-                "dlq_pending": dlq.state.messages,
+                "dlq_pending": dlq_pending,
                 "poison_total": poison.state.messages,
             }
 
