@@ -111,6 +111,22 @@ def _deadline() -> float:
 # --- RabbitMQ ---------------------------------------------------------------------------------
 
 
+def _delete_queues(names: tuple[str, ...]) -> None:
+    """Delete the queues, each on a fresh channel when the last one was closed by an error (a
+    failed delete closes its channel: the next deletes would fail with it, silently)."""
+    c = pika.BlockingConnection(pika.URLParameters(RABBIT_URL))
+    try:
+        ch = c.channel()
+        for name in names:
+            try:
+                ch.queue_delete(name)
+            except pika.exceptions.AMQPError as exc:
+                print(f"truth cleanup: deleting {name}: {exc!r}")
+                ch = c.channel()
+    finally:
+        c.close()
+
+
 class Rabbit:
     """A work queue with a DLQ and a poison queue (classic queues, DLX to the DLQ) and, for the
     retry scenario, a TTL retry queue that dead-letters back into the work queue."""
@@ -141,12 +157,7 @@ class Rabbit:
         connection.close()
 
         def delete() -> None:
-            c = pika.BlockingConnection(pika.URLParameters(RABBIT_URL))
-            ch = c.channel()
-            for name in (self.queue, self.retry, self.dlq, self.poison):
-                with contextlib.suppress(Exception):
-                    ch.queue_delete(name)
-            c.close()
+            _delete_queues((self.queue, self.retry, self.dlq, self.poison))
 
         traffic.cleanups.append(delete)
         self.traffic = traffic
