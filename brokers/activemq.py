@@ -441,7 +441,9 @@ class _Stomp(stomp.ConnectionListener):
 
 class ActiveMQDrainSession(DrainSession):
     """``client-individual`` consumption of a dead-letter queue: nothing leaves the broker
-    until ``ack``, which waits for a receipt after its ACK frames."""
+    until ``ack``, which waits for a receipt after its ACK frames. ActiveMQ pages a queue in
+    ``maxPageSize`` (200) messages at a time and unacked ones hold the page: a fetch returns at
+    most that many until the caller acks, as ingest does after each stored batch."""
 
     def __init__(self, adapter: ActiveMQAdapter, address: Address) -> None:
         self.adapter = adapter
@@ -750,7 +752,7 @@ def _frame_headers(message: OutgoingMessage, receipt: str) -> dict[str, str]:
     for name, value in (message.headers or {}).items():
         if str(name).lower() in _RESERVED or value is None:
             continue
-        headers[str(name)] = _header_text(value)
+        headers[escape_name(str(name))] = _header_text(value)
     for prop, header in _REPLAYED_JMS.items():
         value = (message.properties or {}).get(prop)
         if value is not None and value != "":
@@ -761,6 +763,12 @@ def _frame_headers(message: OutgoingMessage, receipt: str) -> dict[str, str]:
     headers["content-length"] = str(len(message.body))
     headers["receipt"] = receipt
     return headers
+
+
+def escape_name(name: str) -> str:
+    """A header *name* escaped as STOMP 1.2 requires (stomp.py escapes values only: a name
+    with a colon would otherwise be split by the broker at that colon)."""
+    return name.replace("\\", "\\\\").replace("\n", "\\n").replace("\r", "\\r").replace(":", "\\c")
 
 
 def _header_text(value: Any) -> str:
