@@ -24,6 +24,13 @@ def brokers_up() -> None:
         redis.Redis.from_url(traffic.REDIS_URL).ping()
     except Exception as exc:
         broker_required("RabbitMQ / Redis", exc)
+    from brokers.activemq import ActiveMQAdapter
+    from brokers.base import BrokerError
+
+    try:
+        ActiveMQAdapter(traffic.ACTIVEMQ_URL, timeout=3.0).ping()
+    except BrokerError as exc:
+        broker_required("ActiveMQ (tests/activemq/start.sh)", exc)
 
 
 def _table(outcomes: list[harness.Outcome]) -> str:
