@@ -105,6 +105,16 @@ _RESERVED = frozenset(
     {h.lower() for h in (*_FRAME_HEADERS, *_JMS_HEADERS, "id", "login", "passcode", "host")}
 )
 _CAUSE_COUNT = re.compile(r"Delivery\[(\d+)\] exceeds redelivery policy limit")
+_CAUSE_POLICY = re.compile(r"RedeliveryPolicy \{([^}]*)\}")
+#: The RedeliveryPolicy fields a JMS client's poison ack quotes, as a death records them.
+_POLICY_FIELDS = (
+    "maximumRedeliveries",
+    "initialRedeliveryDelay",
+    "redeliveryDelay",
+    "maximumRedeliveryDelay",
+    "useExponentialBackOff",
+    "backOffMultiplier",
+)
 
 
 class ActiveMQAdapter(BrokerAdapter):
@@ -731,7 +741,37 @@ def _dead_letter(dlq: str, frame: Any) -> DeadLetter:
         error_message=error_message,
         first_death_queue=origin,
         dead_lettered_at=None,
+        death_history=_death(cause, origin, counted),
     )
+
+
+def _death(cause: str | None, origin: str | None, counted: Any) -> list[dict[str, Any]]:
+    """The one death ActiveMQ records: where from, why, and, when a JMS client gave up past
+    its RedeliveryPolicy, that policy as the client quoted it (the only place the broker side
+    ever sees a client's maximumRedeliveries and backoff)."""
+    if not cause and not origin:
+        return []
+    death: dict[str, Any] = {"queue": origin, "reason": "delivery-limit" if counted else None}
+    if counted:
+        death["deliveries"] = int(counted.group(1))
+    quoted = _CAUSE_POLICY.search(cause or "")
+    if quoted:
+        fields = dict(
+            part.strip().split(" = ", 1) for part in quoted.group(1).split(",") if " = " in part
+        )
+        death["redelivery_policy"] = {
+            name: _policy_value(fields[name]) for name in _POLICY_FIELDS if name in fields
+        }
+    return [death]
+
+
+def _policy_value(text: str) -> Any:
+    if text in ("true", "false"):
+        return text == "true"
+    try:
+        return float(text) if "." in text else int(text)
+    except ValueError:
+        return text
 
 
 def _cause(cause: str | None) -> tuple[str | None, str | None]:

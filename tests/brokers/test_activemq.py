@@ -10,10 +10,13 @@ past its budget, NACKs: ActiveMQ dead-letters a NACKed message at once.
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
 import threading
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -395,3 +398,80 @@ def test_declared_vs_observed_flags_the_shared_dlq_and_the_client_side_budget() 
     } <= codes
     channel.dlq_address = "DLQ.orders"
     assert "observed.shared-dlq" not in {f["code"] for f in compare(channel, topology)}
+
+
+# -- a real JMS client -----------------------------------------------------------------------
+
+JMS_SOURCE = Path(__file__).resolve().parents[1] / "activemq" / "JmsClient.java"
+JMS_JARS = [
+    f"/usr/share/java/{jar}.jar"
+    for jar in (
+        "activemq-client",
+        "geronimo-jms_1.1_spec",
+        "geronimo-j2ee-management-1.1-spec",
+        "hawtbuf",
+        "slf4j-api",
+    )
+]
+
+
+def jms(*args: str) -> str:
+    """Run tests/activemq/JmsClient.java (ActiveMQ's own JMS client over OpenWire)."""
+    if shutil.which("java") is None or not all(Path(j).exists() for j in JMS_JARS):
+        broker_required("a Java runtime and ActiveMQ's client jars", FileNotFoundError("java"))
+    done = subprocess.run(
+        ["java", "-Xmx64m", "-cp", ":".join(JMS_JARS), str(JMS_SOURCE), *args],
+        capture_output=True,
+        timeout=90,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr.decode()[-2000:]
+    return done.stdout.decode()
+
+
+def test_a_jms_consumer_that_rolls_back_is_dead_lettered_triaged_replayed_and_consumed(
+    activemq: None,
+) -> None:
+    """The issue's real-client proof with a real JMS client: a transacted consumer rolls back
+    until its RedeliveryPolicy (2 redeliveries) gives up; the client's poison ack dead-letters
+    the message with dlqDeliveryFailureCause, which quotes that policy; the adapter drains it,
+    replays it, and the JMS consumer gets the same TextMessage with its properties."""
+    queue = f"indiv.{unique('jms')}"
+    jms("produce", queue, "héllo jms ✓", "order-7")
+    assert "deliveries=3" in jms("rollback", queue, "2")
+
+    with adapter().drain(Address(f"DLQ.{queue}")) as session:
+        [letter] = drain_all(session, 1)
+        assert letter.body == "héllo jms ✓".encode()
+        assert letter.first_death_queue == queue
+        assert letter.properties["body_type"] == "text"
+        assert letter.properties["correlation_id"] == "jms-corr-1"
+        assert letter.properties["type"] == "OrderPlaced"
+        assert letter.headers["Idempotency-Key"] == "order-7"
+        assert "exceeds redelivery policy limit" in letter.headers["dlqDeliveryFailureCause"]
+        assert (letter.reason, letter.error_class, letter.redelivery_count) == (
+            "delivery-limit",
+            "java.lang.Throwable",
+            3,
+        )
+        policy = letter.death_history[0]["redelivery_policy"]
+        assert policy["maximumRedeliveries"] == 2
+        assert policy["useExponentialBackOff"] is False
+
+        from dlq.relay_publish import replay_headers
+
+        message = OutgoingMessage(
+            "jms", letter.body, replay_headers(letter.headers, "r-jms"), letter.properties
+        )
+        with adapter().publisher(Address(queue)) as publisher:
+            assert publisher.publish([message])[0].confirmed
+        session.ack([letter])
+
+    seen = jms("consume", queue)
+    assert "type=text" in seen
+    assert "text=héllo jms ✓" in seen
+    assert "property.Idempotency-Key=order-7" in seen
+    assert "property.x-dlq-replay-id=r-jms" in seen
+    assert "correlation=jms-corr-1" in seen and "jmstype=OrderPlaced" in seen
+    assert "dlqDeliveryFailureCause" not in seen  # the old death's bookkeeping is not replayed
+    assert "property.attempt=1" in seen  # an int property comes back as text over STOMP
