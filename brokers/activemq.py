@@ -18,9 +18,10 @@ rollback, a closed consumer), which only grows. ActiveMQ resets these counters w
 Dead letters: ``ActiveMQ.DLQ`` (shared by every queue, ActiveMQ's default) or ``DLQ.<queue>``
 (``individualDeadLetterStrategy``), drained with ``client-individual`` acks. The origin is the
 ``original-destination`` header; the identity is the JMS message id, which ActiveMQ keeps when
-it dead-letters (a replay is a new message with a new id). Replays are sent persistently, each
-with a STOMP ``receipt`` (the broker's confirmation), pipelined; text and bytes bodies both go
-byte-exact with ``content-length`` (``amq-msg-type: text`` keeps a TextMessage a text one).
+it dead-letters (a replay is a new message with a new id). Replays are sent persistently in
+STOMP transactions whose COMMIT carries a ``receipt`` (the broker's confirmation of the batch);
+text and bytes bodies both go byte-exact with ``content-length`` (``amq-msg-type: text`` keeps
+a TextMessage a text one).
 
 What STOMP cannot tell: the redelivery policy (``maximumRedeliveries``, backoff) lives in each
 JMS client, and the broker's dead-letter strategy is in its XML; neither is readable here.
@@ -68,7 +69,7 @@ INDIVIDUAL_DLQ_PREFIX = "DLQ."
 STATS_PREFIX = "ActiveMQ.Statistics.Destination."
 END_LIST = "ActiveMQ.Statistics.Destination.List.End.With.Null"
 FIRST_TIMESTAMP = "ActiveMQ.Statistics.Destination.Include.First.Message.Timestamp"
-PUBLISH_WINDOW = 500  # sends awaiting their receipt per publisher
+PUBLISH_WINDOW = 500  # messages per STOMP transaction (one receipt, one journal write)
 
 #: STOMP headers that describe the frame or the JMS message rather than the application's
 #: properties: kept in ``properties`` (JMS headers) or dropped (frame bookkeeping).
@@ -102,7 +103,10 @@ _REPLAYED_JMS = {
 }
 #: Header names a replay never takes from the stored application headers (the frame's own).
 _RESERVED = frozenset(
-    {h.lower() for h in (*_FRAME_HEADERS, *_JMS_HEADERS, "id", "login", "passcode", "host")}
+    {
+        h.lower()
+        for h in (*_FRAME_HEADERS, *_JMS_HEADERS, "id", "login", "passcode", "host", "transaction")
+    }
 )
 _CAUSE_COUNT = re.compile(r"Delivery\[(\d+)\] exceeds redelivery policy limit")
 _CAUSE_POLICY = re.compile(r"RedeliveryPolicy \{([^}]*)\}")
@@ -496,8 +500,12 @@ class ActiveMQDrainSession(DrainSession):
 
 
 class ActiveMQPublisher(Publisher):
-    """Persistent sends to one queue, each confirmed by its STOMP receipt (ActiveMQ sends it
-    once the message is stored), up to ``PUBLISH_WINDOW`` outstanding at a time."""
+    """Persistent sends to one queue in STOMP transactions of up to ``PUBLISH_WINDOW``
+    messages: BEGIN, the sends, COMMIT with a receipt. ActiveMQ answers the receipt once the
+    transaction is stored, so it confirms every message of it, at one journal write per batch
+    instead of one per message (a receipt on each send makes every send synchronous). A
+    connection lost before that receipt leaves the batch uncommitted: reported lost (in
+    doubt, though the broker drops an uncommitted transaction)."""
 
     def __init__(self, adapter: ActiveMQAdapter, target: Address) -> None:
         self.adapter = adapter
@@ -505,78 +513,40 @@ class ActiveMQPublisher(Publisher):
         self._session = adapter._session(f"publish {target.name}")
 
     def publish(self, messages: Sequence[OutgoingMessage]) -> list[PublishOutcome]:
-        if not messages:
-            return []
-        session = self._session
-        outcomes: list[PublishOutcome | None] = [None] * len(messages)
-        pending: collections.OrderedDict[str, int] = collections.OrderedDict()
+        outcomes: list[PublishOutcome] = []
         lost = ""
-        for index, message in enumerate(messages):
-            receipt = f"p-{uuid.uuid4().hex}"
+        for start in range(0, len(messages), PUBLISH_WINDOW):
+            chunk = messages[start : start + PUBLISH_WINDOW]
+            if lost:
+                outcomes.extend(PublishOutcome.lost(m.key, f"not sent: {lost}") for m in chunk)
+                continue
             try:
-                if len(pending) >= PUBLISH_WINDOW:
-                    self._settle(pending, outcomes, messages, until=len(pending) // 2)
-                session.send(
-                    f"/queue/{self.target.name}", message.body, _frame_headers(message, receipt)
-                )
+                outcomes.extend(self._commit(chunk))
             except BrokerError as exc:
                 lost = str(exc)
-                break
-            pending[receipt] = index
-        if not lost:
-            try:
-                self._settle(pending, outcomes, messages, until=0)
-            except BrokerError as exc:
-                lost = str(exc)
-        return [
-            o if o is not None else PublishOutcome.lost(m.key, lost or "no receipt in time")
-            for o, m in zip(outcomes, messages, strict=True)
-        ]
+                outcomes.extend(PublishOutcome.lost(m.key, lost) for m in chunk)
+        return outcomes
 
-    def _settle(
-        self,
-        pending: collections.OrderedDict[str, int],
-        outcomes: list[PublishOutcome | None],
-        messages: Sequence[OutgoingMessage],
-        *,
-        until: int,
-    ) -> None:
-        """Wait until at most ``until`` sends await their receipt; the timeout counts from
-        the last receipt, so a long batch is not cut short while the broker keeps answering."""
+    def _commit(self, chunk: Sequence[OutgoingMessage]) -> list[PublishOutcome]:
         session = self._session
-        while len(pending) > until:
-            deadline = time.monotonic() + self.adapter.timeout
-            with session.cond:
-                while not self._collect(pending, outcomes, messages):
-                    session._raise_broken("receipt")
-                    remaining = deadline - time.monotonic()
-                    if remaining <= 0:
-                        raise BrokerError(
-                            f"activemq publish {self.target.name}: no receipt in time",
-                            connection_lost=True,
-                        )
-                    session.cond.wait(remaining)
-
-    def _collect(
-        self,
-        pending: collections.OrderedDict[str, int],
-        outcomes: list[PublishOutcome | None],
-        messages: Sequence[OutgoingMessage],
-    ) -> bool:
-        """Settle the receipts (and refusals) that came in; whether any did. Holds the lock."""
-        session = self._session
-        done = [r for r in pending if r in session.receipts or r in session.error_receipts]
-        for receipt in done:
-            index = pending.pop(receipt)
-            key = messages[index].key
-            refusal = session.error_receipts.pop(receipt, None)
+        tx, receipt = f"tx-{uuid.uuid4().hex}", f"commit-{uuid.uuid4().hex}"
+        session._call(functools.partial(session.conn.begin, tx))
+        for message in chunk:
+            session.send(f"/queue/{self.target.name}", message.body, _frame_headers(message, tx))
+        session._call(functools.partial(session.conn.commit, tx, headers={"receipt": receipt}))
+        session._wait(
+            lambda: receipt in session.receipts or receipt in session.error_receipts,
+            time.monotonic() + self.adapter.timeout,
+            f"commit to {self.target.name}",
+        )
+        with session.cond:
+            refused = session.error_receipts.pop(receipt, None)
             session.receipts.discard(receipt)
-            outcomes[index] = (
-                PublishOutcome(key, True)
-                if refusal is None
-                else PublishOutcome(key, False, f"refused: {refusal}", refused=True)
-            )
-        return bool(done) or not pending
+        if refused is not None:
+            return [
+                PublishOutcome(m.key, False, f"refused: {refused}", refused=True) for m in chunk
+            ]
+        return [PublishOutcome(m.key, True) for m in chunk]
 
     def close(self) -> None:
         self._session.close()
@@ -785,9 +755,10 @@ def _cause(cause: str | None) -> tuple[str | None, str | None]:
     return None, cause[:2000]
 
 
-def _frame_headers(message: OutgoingMessage, receipt: str) -> dict[str, str]:
+def _frame_headers(message: OutgoingMessage, transaction: str) -> dict[str, str]:
     """The SEND frame's headers: the application's properties as they were (reserved frame
-    names excepted), the replayable JMS headers, persistent, byte-exact length, a receipt."""
+    names excepted), the replayable JMS headers, persistent, byte-exact length, the
+    transaction it is committed in."""
     headers: dict[str, str] = {}
     for name, value in (message.headers or {}).items():
         if str(name).lower() in _RESERVED or value is None:
@@ -801,7 +772,7 @@ def _frame_headers(message: OutgoingMessage, receipt: str) -> dict[str, str]:
         headers["amq-msg-type"] = "text"
     headers["persistent"] = "true"
     headers["content-length"] = str(len(message.body))
-    headers["receipt"] = receipt
+    headers["transaction"] = transaction
     return headers
 
 
