@@ -475,3 +475,56 @@ def test_a_jms_consumer_that_rolls_back_is_dead_lettered_triaged_replayed_and_co
     assert "correlation=jms-corr-1" in seen and "jmstype=OrderPlaced" in seen
     assert "dlqDeliveryFailureCause" not in seen  # the old death's bookkeeping is not replayed
     assert "property.attempt=1" in seen  # an int property comes back as text over STOMP
+
+
+# -- a broker without the statistics plugin --------------------------------------------------
+
+START = Path(__file__).resolve().parents[1] / "activemq" / "start.sh"
+
+
+@pytest.fixture(scope="module")
+def plain_activemq(activemq: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A second, short-lived ActiveMQ (128 MB heap) with this repository's configuration minus
+    the statistics plugin, on free ports: a deployment that never enabled it."""
+    import re
+    import socket
+
+    ports = []
+    for _ in range(2):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            ports.append(s.getsockname()[1])
+    work = tmp_path_factory.mktemp("plain-activemq")
+    config = (START.parent / "activemq.xml").read_text()
+    (work / "activemq.xml").write_text(re.sub(r"<plugins>.*?</plugins>", "", config, flags=re.S))
+    env = {
+        **os.environ,
+        "DLO_ACTIVEMQ_DATA": str(work / "data"),
+        "DLO_ACTIVEMQ_CONFIG": str(work / "activemq.xml"),
+        "DLO_ACTIVEMQ_STOMP_PORT": str(ports[0]),
+        "DLO_ACTIVEMQ_OPENWIRE_PORT": str(ports[1]),
+        "DLO_ACTIVEMQ_HEAP": "128M",
+    }
+    started = subprocess.run([str(START)], env=env, capture_output=True, timeout=120, check=False)
+    try:
+        assert started.returncode == 0, started.stderr.decode()[-2000:]
+        yield f"stomp://127.0.0.1:{ports[0]}"
+    finally:
+        subprocess.run([str(START), "stop"], env=env, capture_output=True, timeout=60, check=False)
+
+
+def test_without_the_statistics_plugin_every_number_is_unknown_with_the_fix(
+    plain_activemq: str,
+) -> None:
+    plain = ActiveMQAdapter(plain_activemq, timeout=2.0)
+    plain.ping()
+    queue = Address(unique("plain"))
+    with plain.publisher(queue) as publisher:
+        assert publisher.publish([OutgoingMessage("k", b"x", {})])[0].confirmed
+    result = plain.poll([queue, Address("ActiveMQ.DLQ")])
+    for stats in result.stats.values():
+        assert stats.exists is True  # not known to be missing either
+        assert (stats.backlog, stats.in_flight, stats.retained, stats.consumers) == (None,) * 4
+        assert (stats.produced, stats.acked, stats.redelivered) == (None,) * 3
+    assert len(result.limits) == 1 and "<statisticsBrokerPlugin/>" in result.limits[0]
+    assert plain.inspect([queue])[queue].kind is None  # nothing read, nothing claimed
