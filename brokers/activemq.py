@@ -530,9 +530,19 @@ class ActiveMQPublisher(Publisher):
     def _commit(self, chunk: Sequence[OutgoingMessage]) -> list[PublishOutcome]:
         session = self._session
         tx, receipt = f"tx-{uuid.uuid4().hex}", f"commit-{uuid.uuid4().hex}"
+        outcomes: list[PublishOutcome | None] = [None] * len(chunk)
         session._call(functools.partial(session.conn.begin, tx))
-        for message in chunk:
-            session.send(f"/queue/{self.target.name}", message.body, _frame_headers(message, tx))
+        for index, message in enumerate(chunk):
+            headers = _frame_headers(message, tx)
+            too_big = _over_frame_limits(headers, message.body)
+            if too_big:
+                # The broker would answer with an ERROR and drop the connection, which reads
+                # as an outage: refused here instead, permanently (it will never fit).
+                outcomes[index] = PublishOutcome(
+                    message.key, False, too_big, permanent=True, refused=True
+                )
+                continue
+            session.send(f"/queue/{self.target.name}", message.body, headers)
         session._call(functools.partial(session.conn.commit, tx, headers={"receipt": receipt}))
         session._wait(
             lambda: receipt in session.receipts or receipt in session.error_receipts,
@@ -542,11 +552,14 @@ class ActiveMQPublisher(Publisher):
         with session.cond:
             refused = session.error_receipts.pop(receipt, None)
             session.receipts.discard(receipt)
-        if refused is not None:
-            return [
-                PublishOutcome(m.key, False, f"refused: {refused}", refused=True) for m in chunk
-            ]
-        return [PublishOutcome(m.key, True) for m in chunk]
+        return [
+            outcome
+            if outcome is not None
+            else PublishOutcome(message.key, True)
+            if refused is None
+            else PublishOutcome(message.key, False, f"refused: {refused}", refused=True)
+            for outcome, message in zip(outcomes, chunk, strict=True)
+        ]
 
     def close(self) -> None:
         self._session.close()
@@ -774,6 +787,28 @@ def _frame_headers(message: OutgoingMessage, transaction: str) -> dict[str, str]
     headers["content-length"] = str(len(message.body))
     headers["transaction"] = transaction
     return headers
+
+
+#: ActiveMQ's STOMP frame limits (its defaults: transport.maxHeaders, maxHeaderLength,
+#: maxDataLength); a frame past them is answered with an ERROR and a closed connection.
+MAX_HEADERS = 1000
+MAX_HEADER_LENGTH = 10 * 1024
+MAX_DATA_LENGTH = 100 * 1024 * 1024
+
+
+def _over_frame_limits(headers: dict[str, str], body: bytes) -> str:
+    """Why this SEND frame is past ActiveMQ's default STOMP limits, or ""."""
+    if len(headers) + 1 > MAX_HEADERS:  # + destination
+        return f"too many headers for ActiveMQ's STOMP ({len(headers)} > {MAX_HEADERS - 1})"
+    for name, value in headers.items():
+        escaped = value.replace("\\", "\\\\").replace("\n", "\\n").replace(":", "\\c")
+        if len(f"{name}:{escaped}".encode()) > MAX_HEADER_LENGTH:
+            return (
+                f"header {name[:60]!r} longer than ActiveMQ's STOMP limit ({MAX_HEADER_LENGTH} B)"
+            )
+    if len(body) > MAX_DATA_LENGTH:
+        return f"body larger than ActiveMQ's STOMP limit ({MAX_DATA_LENGTH} B)"
+    return ""
 
 
 def escape_name(name: str) -> str:

@@ -528,3 +528,33 @@ def test_without_the_statistics_plugin_every_number_is_unknown_with_the_fix(
         assert (stats.produced, stats.acked, stats.redelivered) == (None,) * 3
     assert len(result.limits) == 1 and "<statisticsBrokerPlugin/>" in result.limits[0]
     assert plain.inspect([queue])[queue].kind is None  # nothing read, nothing claimed
+
+
+def test_the_hostile_corpus_round_trips_and_an_oversized_frame_is_refused_not_an_outage(
+    activemq: None,
+) -> None:
+    from tests.dlq.hostile import BODIES, HOSTILE_HEADERS, HOSTILE_NAME
+
+    few = dict(list(HOSTILE_HEADERS.items())[:8])
+    few[HOSTILE_NAME] = HOSTILE_NAME
+    queue = Address(unique("hostile"))
+    messages = [OutgoingMessage(name, body, few, {}) for name, body in BODIES.items()]
+    oversized = OutgoingMessage("all-headers", b"x", HOSTILE_HEADERS, {})  # 10,004 headers
+    with adapter().publisher(queue) as publisher:
+        outcomes = publisher.publish([messages[0], oversized, *messages[1:]])
+        refused = outcomes.pop(1)
+        assert (refused.confirmed, refused.refused, refused.permanent) == (False, True, True)
+        assert not refused.connection_lost and "too many headers" in refused.reason
+        assert all(o.confirmed for o in outcomes)
+        assert publisher.publish(messages[:1])[0].confirmed  # the session is still good
+    drained: list[DeadLetter] = []
+    with adapter().drain(queue) as session:
+        for _ in range(5):
+            batch = drain_all(session, len(BODIES) + 1 - len(drained))
+            session.ack(batch)
+            drained.extend(batch)
+            if not batch or len(drained) == len(BODIES) + 1:
+                break
+    assert [x.body for x in drained] == [*BODIES.values(), BODIES["script"]]
+    for letter in drained:
+        assert {k: letter.headers[k] for k in few} == few
