@@ -1,11 +1,11 @@
 """Poll-cycle benchmark (hand-run, not a test): ``.venv/bin/python -m bench.poll``.
 
 For each broker: create 1,000 channels (RabbitMQ queues; Redis streams with a consumer group;
-NATS JetStream streams with a durable consumer), poll them ``CYCLES`` times with the adapter
-through ``brokers.get_adapter`` only, and print the cycle duration (median, max) and the
-adapter's ``round_trips`` at 10, 100 and 1,000 channels. Everything created is deleted again.
-A broker whose adapter does not import yet or whose service is down is skipped, with a reason.
-Loopback only; every loop is bounded.
+NATS JetStream streams with a durable consumer; ActiveMQ queues), poll them ``CYCLES`` times
+with the adapter through ``brokers.get_adapter`` only, and print the cycle duration (median,
+max) and the adapter's ``round_trips`` at 10, 100 and 1,000 channels. Everything created is
+deleted again. A broker whose adapter does not import yet or whose service is down is skipped,
+with a reason. Loopback only; every loop is bounded.
 
 NATS is measured twice more on a private ``nats-server`` started with a monitoring port (the
 shared one has none): the JetStream API path and the ``/jsz`` monitoring path side by side on
@@ -35,6 +35,7 @@ RABBIT_URL = "amqp://guest:guest@127.0.0.1:5672/%2F"
 REDIS_URL = "redis://127.0.0.1:6379/0"
 NATS_URL = "nats://127.0.0.1:4222"
 NATS_SERVER = os.environ.get("DLO_NATS_SERVER_BIN", "/usr/sbin/nats-server")
+ACTIVEMQ_URL = "stomp://127.0.0.1:61613"
 
 
 def measure(label: str, adapter: BrokerAdapter, addresses: Sequence[Address]) -> None:
@@ -226,6 +227,34 @@ def bench_nats_jsz() -> None:
         shutil.rmtree(store, ignore_errors=True)
 
 
+def bench_activemq() -> None:
+    """ActiveMQ queues (one message in each, so the statistics plugin has every one), polled
+    through the statistics plugin; emptied afterwards (the test broker removes empty queues)."""
+    try:
+        adapter = get_adapter("activemq", ACTIVEMQ_URL)
+        adapter.ping()
+    except BrokerError as exc:
+        print(f"activemq: skipped, broker down ({exc})")
+        return
+    from brokers.base import OutgoingMessage
+
+    run = uuid.uuid4().hex[:8]
+    addresses = [Address(f"bench-poll-{run}-{i:04d}") for i in range(CHANNELS)]
+    try:
+        for address in addresses:
+            with adapter.publisher(address) as publisher:
+                publisher.publish([OutgoingMessage("x", b"x", {})])
+        print(f"activemq: {CHANNELS} queues")
+        _run(measure, "activemq statistics", adapter, addresses)
+    finally:
+        for address in addresses:
+            try:
+                with adapter.drain(address) as session:
+                    session.ack(session.fetch(10, wait_s=1.0))
+            except BrokerError as exc:
+                print(f"  activemq cleanup of {address.name} failed: {exc}")
+
+
 def _run(fn: Callable[..., None], label: str, *args: object) -> None:
     try:
         fn(label, *args)
@@ -239,6 +268,7 @@ def main() -> None:
     bench_redis()
     bench_nats()
     bench_nats_jsz()
+    bench_activemq()
 
 
 if __name__ == "__main__":

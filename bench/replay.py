@@ -10,11 +10,13 @@ with the median ratio printed last, with:
   ``src-delete-after: queue-length`` and ``ack-mode: on-confirm``, what the management UI
   does) moving the same N messages from the replay target into a second durable queue;
 - Redis Streams and NATS JetStream: a bare pipelined publish of the same client (the adapter's
-  confirmed publisher, batches of 500) sending N messages without any database work.
+  confirmed publisher, batches of 500) sending N messages without any database work;
+- ActiveMQ Classic: a bare STOMP publish (stomp.py, persistent sends, a receipt on every 500th
+  and on the last one, waited for) of N messages, no database work.
 
 Freezing the plan (N items, a request audit event per chunk) is timed separately.
-Set ``BENCH_MESSAGES``; ``BENCH_BROKERS=rabbitmq,redis,nats`` picks brokers. Everything created
-is deleted again (the database too). Loopback only; every loop is bounded.
+Set ``BENCH_MESSAGES``; ``BENCH_BROKERS=rabbitmq,redis,nats,activemq`` picks brokers.
+Everything created is deleted again (the database too). Loopback only; every loop is bounded.
 """
 
 from __future__ import annotations
@@ -29,12 +31,13 @@ from typing import Any
 
 PG_ADMIN = os.environ.get("BENCH_PG_ADMIN_URL", "postgres://postgres@127.0.0.1:5432/postgres")
 N = int(os.environ.get("BENCH_MESSAGES", "20000"))
-BROKERS = os.environ.get("BENCH_BROKERS", "rabbitmq,redis,nats").split(",")
+BROKERS = os.environ.get("BENCH_BROKERS", "rabbitmq,redis,nats,activemq").split(",")
 ROUNDS = int(os.environ.get("BENCH_ROUNDS", "3"))
 AMQP_URL = "amqp://guest:guest@127.0.0.1:5672/%2F"
 API = "http://127.0.0.1:15672/api"
 REDIS_URL = "redis://127.0.0.1:6379/0"
 NATS_URL = "nats://127.0.0.1:4222"
+STOMP_URL = "stomp://127.0.0.1:61613"
 RUN = uuid.uuid4().hex[:8]
 DB = f"bench_replay_{RUN}"
 
@@ -72,7 +75,7 @@ def make_entries(kind: str, address: str, url_env: str, round_no: int = 0) -> tu
     broker, _ = Broker.objects.get_or_create(name=f"bench-{kind}", kind=kind, url_env=url_env)
     channel = Channel.objects.create(
         broker=broker, name=f"bench {kind} {round_no}", slug=f"bench-{kind}-{round_no}",
-        address=address, address_group="workers" if kind != "rabbitmq" else "",
+        address=address, address_group="workers" if kind in ("redis", "nats") else "",
         dlq_address=f"{address}.dlq", semantic="at-least-once", idempotency_source="header",
         idempotency_key="Idempotency-Key",
     )  # fmt: skip
@@ -272,11 +275,80 @@ def bench_nats() -> None:
     _median_line("relay/raw", ratios)
 
 
+def _bare_stomp_rate(queue: str) -> float:
+    """stomp.py alone: N persistent sends, a receipt on every 500th and the last, waited for
+    (ActiveMQ handles a connection's frames in order: the last receipt covers the rest)."""
+    import threading
+
+    import stomp
+
+    body = os.urandom(512).hex().encode()
+    got: set[str] = set()
+    cond = threading.Condition()
+
+    class Receipts(stomp.ConnectionListener):
+        def on_receipt(self, frame: Any) -> None:
+            with cond:
+                got.add(frame.headers["receipt-id"])
+                cond.notify_all()
+
+    conn = stomp.Connection12([("127.0.0.1", 61613)], auto_decode=False, timeout=10)
+    conn.set_listener("r", Receipts())
+    conn.connect(wait=True)
+    try:
+        started = time.monotonic()
+        for i in range(N):
+            headers = {"persistent": "true", "Idempotency-Key": f"r-{i}"}
+            if i % 500 == 499 or i == N - 1:
+                headers["receipt"] = f"r{i}"
+            conn.send(f"/queue/{queue}", body, headers=headers)
+        with cond:
+            assert cond.wait_for(lambda: f"r{N - 1}" in got, 120), "no receipt"
+        elapsed = time.monotonic() - started
+    finally:
+        conn.disconnect()
+        conn.transport.disconnect_socket()
+    rate = N / elapsed
+    print(
+        f"  bare STOMP publish (stomp.py, no database): {N} in {elapsed:.2f} s = {rate:,.0f} msg/s"
+    )
+    return rate
+
+
+def _empty_activemq(queue: str) -> None:
+    from brokers import get_adapter
+    from brokers.base import Address
+
+    with get_adapter("activemq", STOMP_URL, timeout=10.0).drain(Address(queue)) as session:
+        for _ in range(2 * N // 100 + 10):  # ActiveMQ pages 200 at a time: bounded
+            batch = session.fetch(500, wait_s=1.0)
+            if not batch:
+                return
+            session.ack(batch)
+
+
+def bench_activemq() -> None:
+    os.environ["DLO_BROKER_BENCH_ACTIVEMQ_URL"] = STOMP_URL
+    print(f"ActiveMQ Classic: {N} persistent 1 KiB messages, {ROUNDS} rounds")
+    ratios = []
+    for round_no in range(ROUNDS):
+        queue = f"bench-replay-{RUN}-{round_no}"
+        try:
+            channel, _ = make_entries("activemq", queue, "DLO_BROKER_BENCH_ACTIVEMQ_URL", round_no)
+            relay_rate = relay(channel)
+            ratios.append(relay_rate / _bare_stomp_rate(f"{queue}-raw"))
+            print(f"  round {round_no + 1}: relay/bare STOMP {ratios[-1]:.2f}x")
+        finally:
+            _empty_activemq(queue)
+            _empty_activemq(f"{queue}-raw")
+    _median_line("relay/bare STOMP", ratios)
+
+
 def main() -> None:
     setup_django()
     try:
         for name, run in (("rabbitmq", bench_rabbitmq), ("redis", bench_redis),
-                          ("nats", bench_nats)):  # fmt: skip
+                          ("nats", bench_nats), ("activemq", bench_activemq)):  # fmt: skip
             if name in BROKERS:
                 try:
                     run()

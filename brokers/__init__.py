@@ -15,6 +15,7 @@ ADAPTERS: dict[str, str] = {
     "rabbitmq": "brokers.rabbitmq.RabbitMQAdapter",
     "redis": "brokers.redis_streams.RedisStreamsAdapter",
     "nats": "brokers.nats_jetstream.NatsJetStreamAdapter",
+    "activemq": "brokers.activemq.ActiveMQAdapter",
 }
 
 

@@ -21,12 +21,14 @@ class BrokerKind(models.TextChoices):
     RABBITMQ = "rabbitmq", "RabbitMQ"
     REDIS = "redis", "Redis Streams"
     NATS = "nats", "NATS JetStream"
+    ACTIVEMQ = "activemq", "ActiveMQ Classic"
 
 
 URL_SCHEMES = {
     BrokerKind.RABBITMQ: ("amqp", "amqps"),
     BrokerKind.REDIS: ("redis", "rediss", "unix"),
     BrokerKind.NATS: ("nats", "tls"),
+    BrokerKind.ACTIVEMQ: ("stomp", "stomp+ssl", "stomp+tls"),
 }
 
 
@@ -549,6 +551,8 @@ class Channel(models.Model):
             errors["nats_advisory_capture"] = "Advisory capture exists on NATS JetStream only."
         if kind == BrokerKind.RABBITMQ and self.address_group:
             errors["address_group"] = "RabbitMQ channels are a queue only; leave this empty."
+        if kind == BrokerKind.ACTIVEMQ and self.address_group:
+            errors["address_group"] = "ActiveMQ channels are a queue only; leave this empty."
         if self.idempotency_source in (IdempotencySource.HEADER, IdempotencySource.JSON_PATH):
             if not self.idempotency_key:
                 errors["idempotency_key"] = "Name the header or JSON path holding the key."

@@ -144,7 +144,59 @@ def compare(channel: Any, topology: dict[str, Any] | None) -> list[dict[str, Any
         + _in_flight(channel, topology)
         + _ack_timeout(channel, topology)
         + _retention(channel, topology)
+        + _activemq(channel, topology)
     )
+
+
+def _activemq(channel: Any, topology: dict[str, Any]) -> list[dict[str, Any]]:
+    """ActiveMQ Classic (read over STOMP): a DLQ shared by every queue, against the rule of one
+    dead-letter address per channel; and the retry budget, which lives in each JMS client's
+    redelivery policy and cannot be checked from the broker."""
+    if topology.get("kind") != "activemq-queue":
+        return []
+    findings = []
+    if channel.dlq_address == "ActiveMQ.DLQ":
+        findings.append(
+            _finding(
+                "observed.shared-dlq",
+                WARNING,
+                "P5",
+                f"{channel.address} dead-letters into ActiveMQ.DLQ, which every queue without"
+                " an individual dead-letter strategy shares: its dead letters mix with other"
+                " channels' and are told apart only by their originalDestination.",
+                "Give the queue an individualDeadLetterStrategy (queuePrefix DLQ.) in the"
+                f" broker's destinationPolicy and declare DLQ.{channel.address} as its DLQ.",
+            )
+        )
+    if channel.retry_max_attempts:
+        findings.append(
+            _finding(
+                "observed.redelivery-client-side",
+                WARNING,
+                "P6",
+                f"The declared retry budget ({channel.retry_max_attempts} attempts) cannot be"
+                " checked: ActiveMQ's redelivery policy (maximumRedeliveries, backoff) is set"
+                " in each JMS client's connection factory, not on the broker.",
+                "Set RedeliveryPolicy.maximumRedeliveries (and the backoff) in the consumers'"
+                " connection factory to match the declaration; STOMP consumers count"
+                " deliveries themselves.",
+            )
+        )
+    if channel.semantic in SAFE_SEMANTICS:
+        findings.append(
+            _finding(
+                "observed.non-persistent-not-dead-lettered",
+                WARNING,
+                "P4",
+                "ActiveMQ does not dead-letter non-persistent messages by default"
+                " (processNonPersistent=false): a non-persistent message that fails is"
+                " dropped, but the channel is declared at-least-once.",
+                "Have producers send persistently (JMS DeliveryMode.PERSISTENT, STOMP"
+                ' persistent:true), or set processNonPersistent="true" on the'
+                " dead-letter strategy.",
+            )
+        )
+    return findings
 
 
 #: The topology fields the comparisons read; all unknown means nothing could be compared.

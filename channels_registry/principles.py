@@ -208,6 +208,15 @@ WHY: dict[str, str] = {
     "at-most-once-dead-lettering": "The broker's dead-lettering itself can lose the message "
     "(classic queues, or quorum queues without at-least-once dead-lettering), so a channel "
     "declared at-least-once can lose exactly the messages that failed.",
+    "shared-dlq": "One dead-letter queue shared by many queues mixes their failures: a drain "
+    "takes every channel's letters, depth and inflow alerts cannot say whose they are, and a "
+    "flood from one queue buries another's.",
+    "redelivery-client-side": "Where the retry budget lives in each client (a JMS "
+    "RedeliveryPolicy), the broker cannot show it: every consumer must be configured alike, "
+    "or some retry forever and some give up at once.",
+    "non-persistent-not-dead-lettered": "A message the broker does not dead-letter when it "
+    "fails is simply gone: the at-least-once promise breaks exactly for the messages that "
+    "failed.",
     "in-flight-above-declared": "The broker lets each consumer hold more unacknowledged "
     "messages than declared: a slow or crashed consumer delays and then redelivers more than "
     "the contract allows for.",

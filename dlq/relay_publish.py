@@ -25,7 +25,8 @@ REPLAY_ID_HEADER = "x-dlq-replay-id"
 DEATH_HEADER_PREFIXES = ("x-first-death-", "x-last-death-")
 
 
-DEATH_HEADERS = {"x-death", REPLAY_ID_HEADER}
+# ActiveMQ's: the cause it wrote when it dead-lettered, and the expiry it cleared to do so.
+DEATH_HEADERS = {"x-death", REPLAY_ID_HEADER, "dlqdeliveryfailurecause", "originalexpiration"}
 
 
 def _header_value(value: Any) -> Any:

@@ -2,8 +2,8 @@
 
 Redis and NATS: our OWN server on a free port (never the shared one), ``kill -9``-ed once a
 fifth of the plan has reached it, restarted on the same port and data directory after
-``OUTAGE_S``. RabbitMQ: a TCP proxy (``tests/faultproxy.py``) in front of the shared broker
-drops every connection and refuses new ones for ``OUTAGE_S``.
+``OUTAGE_S``. RabbitMQ and ActiveMQ: a TCP proxy (``tests/faultproxy.py``) in front of the
+shared broker drops every connection and refuses new ones for ``OUTAGE_S``.
 
 Each test asserts what issue 10 asks: the plan pauses itself with a reason (audited), resumes
 on its own, spends no attempt of any entry, ends DONE with every entry REPLAYED; duplicates at
@@ -330,3 +330,47 @@ def test_rabbitmq_cut_mid_replay_pauses_the_plan_and_resumes(
         proxy.close()
         direct.channel().queue_delete(queue)
         direct.close()
+
+
+# -- ActiveMQ ----------------------------------------------------------------------------------
+
+
+def test_activemq_cut_mid_replay_pauses_the_plan_and_resumes(
+    oncall: User, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from brokers.activemq import ActiveMQAdapter
+    from brokers.base import Address, BrokerError
+
+    direct = ActiveMQAdapter("stomp://127.0.0.1:61613", timeout=10.0)
+    try:
+        direct.ping()
+    except BrokerError as exc:
+        broker_required("ActiveMQ (tests/activemq/start.sh)", exc)
+    proxy = FaultProxy(("127.0.0.1", 61613))
+    monkeypatch.setenv("DLO_BROKER_TEST_OUTAGE_STOMP", f"stomp://127.0.0.1:{proxy.port}")
+    queue = f"activemq.outage.{uuid.uuid4().hex[:8]}"
+
+    def depth() -> int:  # straight to the broker, past the proxy
+        stats = direct.poll([Address(queue)]).stats[Address(queue)]
+        return stats.retained or 0
+
+    received: list[str] = []
+    try:
+        env = "DLO_BROKER_TEST_OUTAGE_STOMP"
+        broker = make_broker(name="proxied-activemq", kind=BrokerKind.ACTIVEMQ, url_env=env)
+        channel = make_channel(broker, slug="orders", address=queue, dlq_address=f"DLQ.{queue}")
+        plan = _replay_through_outage(
+            oncall, channel,
+            lambda i: letter(b"x" * 1024, headers={"Idempotency-Key": f"k{i}"}),
+            lambda: _outage(depth, proxy.cut, proxy.restore),
+        )  # fmt: skip
+    finally:
+        proxy.close()
+        with direct.drain(Address(queue)) as session:  # bounded: ActiveMQ pages 200 at a time
+            for _ in range(2 * COUNT // 100):
+                batch = session.fetch(500, wait_s=2.0)
+                if not batch:
+                    break
+                received.extend(str(x.headers["x-dlq-replay-id"]) for x in batch)
+                session.ack(batch)
+    _assert_honest(plan, received, "activemq")

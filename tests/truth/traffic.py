@@ -9,9 +9,11 @@ created is deleted by ``Traffic.cleanup``. Consumer behaviours (``mode``):
   first one included (so a JetStream ack floor never moves: the issue's case), retried later
   the broker's way (RabbitMQ: rejected into a TTL retry queue that dead-letters back; Redis:
   left pending and claimed later with XAUTOCLAIM; NATS: ``nak`` with a delay, ``nak_delay_s``,
-  300 s unless told);
+  300 s unless told; ActiveMQ: acknowledged and re-sent with ``AMQ_SCHEDULED_DELAY``, a
+  second later);
 - ``hang``: take a full prefetch and never acknowledge it, connection kept open;
-- ``poison``: reject every message back to the queue at once (requeue / nak / re-claim).
+- ``poison``: reject every message back to the queue at once (requeue / nak / re-claim; on
+  ActiveMQ over STOMP, a subscription closed without its ack, another one already open).
 
 Every consumer notes the ``x-dlq-replay-id`` of the replayed messages it acknowledges
 (``replayed``): what the relay's confirms say reached the origin, seen from the other side.
@@ -35,6 +37,7 @@ import nats.errors
 import nats.js.errors
 import pika
 import redis
+import stomp
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from brokers.base import Address
@@ -45,6 +48,8 @@ RABBIT_URL = "amqp://guest:guest@127.0.0.1:5672/%2F"
 RABBIT_MGMT = "http://guest:guest@127.0.0.1:15672"
 REDIS_URL = "redis://127.0.0.1:6379/0"
 NATS_URL = "nats://127.0.0.1:4222"
+ACTIVEMQ_URL = "stomp://127.0.0.1:61613"
+ACTIVEMQ_HOST = ("127.0.0.1", 61613)
 MAX_RUN_S = 1800.0  # past the longest soak: a worker never ends inside a scenario
 GROUP = "workers"
 REPLAY_ID = "x-dlq-replay-id"
@@ -583,3 +588,173 @@ class Nats:
             }
 
         return self.admin.run(read())
+
+
+# --- ActiveMQ Classic (STOMP) -----------------------------------------------------------------
+
+
+class _StompApp(stomp.ConnectionListener):
+    """One STOMP connection of an application, its deliveries queued for the worker."""
+
+    def __init__(self) -> None:
+        self.cond = threading.Condition()
+        self.frames: list[Any] = []
+        self.conn = stomp.Connection12([ACTIVEMQ_HOST], auto_decode=False, timeout=5)
+        self.conn.set_listener("app", self)
+        self.conn.connect(wait=True)
+
+    def on_message(self, frame: Any) -> None:
+        with self.cond:
+            self.frames.append(frame)
+            self.cond.notify_all()
+
+    def next(self, timeout: float) -> Any | None:
+        with self.cond:
+            self.cond.wait_for(lambda: bool(self.frames), timeout)
+            return self.frames.pop(0) if self.frames else None
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            if self.conn.is_connected():
+                self.conn.disconnect()
+        self.conn.transport.disconnect_socket()  # killed: unacknowledged messages go back
+
+
+@contextlib.contextmanager
+def _stomp_app() -> Any:
+    app = _StompApp()
+    try:
+        yield app
+    finally:
+        app.close()
+
+
+class ActiveMQ:
+    """A work queue ``indiv.truth-…`` (the test broker gives ``indiv.>`` queues their own
+    ``DLQ.<queue>``, the declared DLQ) and a poison queue."""
+
+    def __init__(self, traffic: Traffic) -> None:
+        self.queue = f"indiv.{unique('q')}"
+        self.dlq, self.poison = f"DLQ.{self.queue}", unique("poison")
+        # A subscription creates a queue (as RabbitMQ's declare does): the poison queue exists
+        # from the start. ActiveMQ creates the DLQ with its first dead letter.
+        with _stomp_app() as app:
+            app.conn.subscribe(f"/queue/{self.poison}", "create", "auto", {"receipt": "made"})
+            time.sleep(0.2)
+
+        def delete() -> None:
+            # STOMP cannot delete a queue: empty them; the broker removes empty unused queues.
+            with _stomp_app() as app:
+                for n, name in enumerate((self.queue, self.dlq, self.poison)):
+                    app.conn.subscribe(f"/queue/{name}", f"empty-{n}", ack="auto")
+                end = time.monotonic() + 20.0
+                while time.monotonic() < end and app.next(1.0) is not None:
+                    pass
+
+        traffic.cleanups.append(delete)
+        self.traffic = traffic
+
+    def produce(self, rate: float) -> Worker:
+        def body(stop: threading.Event) -> None:
+            with _stomp_app() as app:
+                end, n = _deadline(), 0
+                while not stop.is_set() and time.monotonic() < end:
+                    app.conn.send(f"/queue/{self.queue}", f"m{n}", headers={"persistent": "true"})
+                    n += 1
+                    stop.wait(1.0 / rate)
+
+        return self.traffic.start(body, "activemq-produce")
+
+    def burst(self, queue: str, count: int) -> None:
+        with _stomp_app() as app:
+            for n in range(count):
+                receipt = f"burst-{n}" if n == count - 1 else None
+                headers = {"persistent": "true", **({"receipt": receipt} if receipt else {})}
+                app.conn.send(f"/queue/{queue}", f"dead {n}", headers=headers)
+            time.sleep(0.5)  # the last receipt's way back; the sends are stored in order
+
+    def consume(
+        self, mode: str = "ack", *, delay_s: float = 0.0, retry_every: int = 5, prefetch: int = 10
+    ) -> Worker:
+        def body(stop: threading.Event) -> None:
+            with _stomp_app() as app:
+                headers = {"activemq.prefetchSize": str(prefetch)}
+                subs = ["a", "b"]
+                app.conn.subscribe(f"/queue/{self.queue}", subs[0], "client-individual", headers)
+                end, n = _deadline(), 0
+                while not stop.is_set() and time.monotonic() < end:
+                    frame = app.next(0.2)
+                    if frame is None or mode == "hang":
+                        continue  # hang: held unacknowledged while the connection stays open
+                    n += 1
+                    if mode == "poison":
+                        # Given back at once: a second subscription first (never no consumer),
+                        # then the first closed without its ack; ActiveMQ redelivers.
+                        stop.wait(0.05)
+                        app.conn.subscribe(
+                            f"/queue/{self.queue}", subs[1], "client-individual", headers
+                        )
+                        app.conn.unsubscribe(subs[0])
+                        subs.reverse()
+                        continue
+                    if delay_s:
+                        stop.wait(delay_s)
+                    redelivered = frame.headers.get("redelivered") == "true"
+                    if mode == "retry" and n % retry_every == 1 and not redelivered:
+                        # Retried a second later, the broker's way: re-sent with a delay.
+                        app.conn.send(
+                            f"/queue/{self.queue}",
+                            frame.body,
+                            headers={"persistent": "true", "AMQ_SCHEDULED_DELAY": "1000"},
+                        )
+                    app.conn.ack(frame.headers["ack"])
+
+        return self.traffic.start(body, f"activemq-consume-{mode}")
+
+    def truth(self) -> dict[str, int | None]:
+        """The statistics plugin's own answer for the three queues (an absent DLQ: none)."""
+        names = (self.queue, self.dlq, self.poison)
+        found: dict[str, dict[str, Any]] = {}
+        with _stomp_app() as app:
+            app.conn.subscribe(
+                "/temp-queue/truth", "stats", "auto", {"transformation": "jms-map-json"}
+            )
+            for name in names:
+                app.conn.send(
+                    f"/queue/ActiveMQ.Statistics.Destination.{name}",
+                    "",
+                    headers={
+                        "reply-to": "/temp-queue/truth",
+                        "correlation-id": name,
+                        "ActiveMQ.Statistics.Destination.List.End.With.Null": "true",
+                    },
+                )
+            ended: set[str] = set()
+            end = time.monotonic() + 10.0
+            while len(ended) < len(names) and time.monotonic() < end:
+                frame = app.next(1.0)
+                if frame is None:
+                    continue
+                name = frame.headers.get("correlation-id", "")
+                entry = json.loads(frame.body)["map"]
+                if not entry:
+                    ended.add(name)
+                    continue
+                entries = entry["entry"] if isinstance(entry["entry"], list) else [entry["entry"]]
+                found[name] = {
+                    e["string"]: next(v for k, v in e.items() if k != "string")
+                    for e in entries
+                    if isinstance(e.get("string"), str)
+                }
+        assert len(ended) == len(names), f"statistics answered for {sorted(ended)} only"
+        main = found.get(self.queue, {})
+        size, inflight = int(main.get("size", 0)), int(main.get("inflightCount", 0))
+        dlq = int(found.get(self.dlq, {}).get("size", 0))
+        return {
+            "backlog": size - inflight,
+            "in_flight": inflight,
+            "consumers": int(main.get("consumerCount", 0)),
+            "dlq_total": dlq,
+            "dlq_pending": dlq,
+            "poison_total": int(found.get(self.poison, {}).get("size", 0)),
+        }
