@@ -62,10 +62,6 @@ UPWARD: set[tuple[str, str]] = {
 #: Known cycles (strongly connected components of more than one module). A cycle may shrink or
 #: vanish; a new one, or one that takes in another module, fails.
 KNOWN_CYCLES: list[frozenset[str]] = [
-    # The replay plan's lifecycle has no single owner yet: actions → freeze → actions,
-    # actions → tasks → relay → actions, relay_states → actions (issue 25: one module that
-    # alone writes a plan's status).
-    frozenset({"dlq.actions", "dlq.freeze", "dlq.relay", "dlq.relay_states", "dlq.tasks"}),
     # Live board pushes from polling (see UPWARD) while the board reads polling's results.
     frozenset(
         {"channels_registry.polling", "dashboard.board", "dashboard.board_html", "dashboard.live"}
@@ -86,9 +82,17 @@ FIXED = {
     "audit.tasks",
     "audit.verify",
     "audit.witnessing",
+    "dlq.actions",
+    "dlq.discard",
+    "dlq.freeze",
     "dlq.ingest",
     "dlq.models",
+    "dlq.plan_jobs",
+    "dlq.plan_state",
+    "dlq.relay",
     "dlq.relay_publish",
+    "dlq.relay_states",
+    "dlq.tasks",
     "dlq.trends",
 }
 
