@@ -484,12 +484,11 @@ def _store(
     _record_state(broker, state, token, now, result, topology is not None, error, failures)  # 4.
     # 5. Live updates: the changed rows, and the sample time of every row of a broker that
     # answered (the page shows its age from it; the rows are not pushed again for it).
-    if changed or result is not None:
-        from dashboard.live import push_board_rows
-
+    push = _board_push
+    if (changed or result is not None) and push is not None:
         ids = list(changed)
         sampled = (broker.pk, broker.name, now) if result is not None else None
-        transaction.on_commit(lambda: push_board_rows(ids, sampled), robust=True)
+        transaction.on_commit(lambda: push(ids, sampled), robust=True)
     return PollOutcome(
         broker.name,
         "ok" if result is not None else "failed",
@@ -612,6 +611,19 @@ _unresolved_counter: UnresolvedCounter | None = None
 def register_unresolved_counter(counter: UnresolvedCounter) -> None:
     global _unresolved_counter
     _unresolved_counter = counter
+
+
+#: Tells the live board what a poll changed, after its commit: the ids of the channels whose
+#: row looks different, and (broker id, name, sample time) when the broker answered. The
+#: dashboard registers it at start-up (``DashboardConfig.ready()``); without it, nothing is
+#: pushed.
+BoardPush = Callable[[list[int], "tuple[int, str, dt.datetime] | None"], object]
+_board_push: BoardPush | None = None
+
+
+def register_board_push(push: BoardPush | None) -> None:
+    global _board_push
+    _board_push = push
 
 
 def _unresolved(channels: list[Channel], before: dt.datetime) -> dict[int, health.Unresolved]:
