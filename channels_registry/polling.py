@@ -39,7 +39,6 @@ from django.db import transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
-from brokers import get_adapter
 from brokers.base import Address, BrokerError, ChannelStats, PollResult, Topology, scrub
 from brokers.nats_jetstream import ADVISORY_STREAM, DRAIN_SUFFIXES, drain_consumer_name
 from channels_registry import health, observed
@@ -270,9 +269,7 @@ def _call_broker(poll: _Poll) -> _Poll:
     url = ""
     try:
         url = broker.connection_url()
-        adapter = get_adapter(broker.kind, url, **broker.adapter_options())
-        # A consumer silent for the stall window no longer counts as attached (Redis, NATS pull).
-        adapter.active_idle_s = float(settings.DLO_HEALTH_STALL_S)
+        adapter = broker.adapter()
         wanted = sorted({a for ca in poll.addresses.values() for a in ca.all()})
         poll.result = adapter.poll(wanted) if wanted else PollResult({}, 0, 0.0)
         poll.errors.extend(poll.result.errors)
