@@ -31,9 +31,12 @@ run: $(STAMP)
 ## make test: lint, format check, type check, then the whole suite.
 test: lint typecheck pytest
 
+## make lint: ruff, the format check, and the import contract (pyproject.toml [tool.importlinter]:
+## layers point one way, no cycle; tests/test_layers.py checks the same from the source).
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports --no-logo
 
 typecheck: $(STAMP)
 	$(BIN)/mypy dashboard channels_registry brokers dlq audit alerts

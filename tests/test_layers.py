@@ -246,3 +246,19 @@ def test_the_checker_sees_imports_inside_functions_and_cycles(tmp_path: Path) ->
     graph = import_graph(project_modules(tmp_path))
     assert cycles(graph) == [frozenset({"dlq.a", "dlq.b"})]
     assert upward_imports(graph) == {("brokers.base", "dashboard.board")}
+
+
+def test_import_linter_allows_the_same_upward_imports() -> None:
+    """``lint-imports`` (pyproject.toml) and this module state one contract: the known upward
+    imports it ignores are ``UPWARD``, no more."""
+    import tomllib
+
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    contracts = {c["id"]: c for c in config["tool"]["importlinter"]["contracts"]}
+    named = {
+        tuple(line.split(" -> ")) for line in contracts["apps"]["ignore_imports"] if "*" not in line
+    }
+    assert named == UPWARD
+    web = {line.split(" -> ")[1] for line in contracts["apps"]["ignore_imports"] if "**" in line}
+    assert {w.removesuffix(".**") for w in web} <= WEB
+    assert set(contracts["web"]["source_modules"]) <= WEB
