@@ -460,7 +460,7 @@ def run_clients(
             pushes.append(time.monotonic() - started)
 
     live.push_board_rows = timed_push  # type: ignore[assignment]
-    Broker.adapter = lambda self: SyntheticAdapter(cycle)  # type: ignore[method-assign]
+    Broker.adapter = lambda self, installation=None: SyntheticAdapter(cycle)  # type: ignore[method-assign]
 
     rss_idle = rss_mib(server.pid)
     connections.close_all()  # not shared with the forked client process
@@ -584,7 +584,7 @@ def main() -> None:
         from channels_registry.polling import do_poll_broker
 
         broker_id, keys = make_data()
-        Broker.adapter = lambda self: SyntheticAdapter([0])  # type: ignore[method-assign]
+        Broker.adapter = lambda self, installation=None: SyntheticAdapter([0])  # type: ignore[method-assign]
         # The first health rows, and a second poll that gives them rates, before anyone
         # listens: cycle 1 then changes the moving rows only, as every later cycle does.
         do_poll_broker(broker_id, force=True)

@@ -119,7 +119,7 @@ def poll_health(broker_id: int) -> None:
     from channels_registry import polling
     from channels_registry.models import Broker
 
-    Broker.adapter = lambda self: SyntheticAdapter()  # type: ignore[method-assign]
+    Broker.adapter = lambda self, installation=None: SyntheticAdapter()  # type: ignore[method-assign]
     polling.do_poll_broker(broker_id, force=True)
 
 

@@ -208,19 +208,25 @@ class Broker(models.Model):
             problems.append("No connection URL is configured: name an environment variable.")
         return problems
 
-    def adapter(self) -> BrokerAdapter:
+    def adapter(self, installation: str | None = None) -> BrokerAdapter:
         """The one way to build this broker's adapter (polling, ingest, the relay, the retry
-        view): its kind, URL and options, this installation's id (the NATS drain consumer's
-        name), and the settings every caller shares (the stall window a consumer counts as
-        attached within; the NATS drain's ack wait and pending cap). Raises
-        ``BrokerConfigError`` when the URL cannot be resolved."""
+        view): its kind, URL and options, this installation's id (which names the NATS drain
+        and copy consumers), and the settings every caller shares (the stall window a consumer
+        counts as attached within; the NATS drain's ack wait and pending cap). Raises
+        ``BrokerConfigError`` when the URL cannot be resolved.
+
+        ``installation``: the id when the caller has read it already. Polling does, before its
+        worker threads build adapters: those must not touch the database (a thread's query
+        would wait on the caller's open transaction). Otherwise a NATS adapter reads it here."""
         from django.conf import settings
 
         from brokers import get_adapter
         from brokers.nats_jetstream import NatsJetStreamAdapter
 
         adapter = get_adapter(self.kind, self.connection_url(), **self.adapter_options())
-        adapter.installation_id = installation_id()
+        if installation is None:
+            installation = installation_id() if self.kind == BrokerKind.NATS else ""
+        adapter.installation_id = installation
         # A consumer silent for the stall window no longer counts as attached (Redis, NATS pull).
         adapter.active_idle_s = float(settings.DLO_HEALTH_STALL_S)
         if isinstance(adapter, NatsJetStreamAdapter):

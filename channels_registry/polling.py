@@ -240,6 +240,7 @@ class _Poll:
     addresses: dict[int, ChannelAddresses]
     now: dt.datetime
     started: float
+    installation: str = ""  # read in step 1: step 2 runs on a thread, without the database
     result: PollResult | None = None
     topology: dict[Address, Topology] | None = None
     error: str = ""
@@ -260,7 +261,7 @@ def _begin(broker_id: int, *, force: bool) -> _Poll | PollOutcome:
     channels = list(broker.channels.filter(enabled=True).order_by("pk"))
     installation = installation_id() if broker.kind == BrokerKind.NATS else ""
     addresses = {c.pk: channel_addresses(c, broker.kind, installation) for c in channels}
-    return _Poll(broker, state, token, channels, addresses, now, started)
+    return _Poll(broker, state, token, channels, addresses, now, started, installation)
 
 
 def _call_broker(poll: _Poll) -> _Poll:
@@ -269,7 +270,7 @@ def _call_broker(poll: _Poll) -> _Poll:
     url = ""
     try:
         url = broker.connection_url()
-        adapter = broker.adapter()
+        adapter = broker.adapter(poll.installation)
         wanted = sorted({a for ca in poll.addresses.values() for a in ca.all()})
         poll.result = adapter.poll(wanted) if wanted else PollResult({}, 0, 0.0)
         poll.errors.extend(poll.result.errors)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 from pathlib import Path
+from typing import Any
 
 import pytest
 from django.test import override_settings
@@ -28,7 +29,7 @@ def test_an_adapter_carries_the_installation_and_the_shared_settings() -> None:
     )
     adapter = broker.adapter()
     assert isinstance(adapter, RedisStreamsAdapter)
-    assert adapter.installation_id == installation_id()
+    assert adapter.installation_id == ""  # only NATS names consumers after the installation
     assert adapter.active_idle_s == 45.0
 
 
@@ -40,6 +41,20 @@ def test_a_nats_adapter_gets_the_drain_settings() -> None:
     adapter = broker.adapter()
     assert isinstance(adapter, NatsJetStreamAdapter)
     assert (adapter.drain_ack_wait_s, adapter.drain_max_ack_pending) == (12.0, 34)
+    assert adapter.installation_id == installation_id()
+
+
+def test_given_the_installation_it_reads_no_database(
+    django_assert_num_queries: Any,
+) -> None:
+    """Polling builds adapters on worker threads, which must not query (a thread's query
+    waits on the caller's open transaction): it passes the id it read before."""
+    broker = make_broker(
+        name="layers25-nats2", kind=BrokerKind.NATS, url_env="", url_secret="nats://127.0.0.1:4222"
+    )
+    with django_assert_num_queries(0):
+        adapter = broker.adapter("inst-1")
+    assert adapter.installation_id == "inst-1"
 
 
 def test_without_a_url_it_refuses() -> None:
