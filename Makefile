@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint typecheck pytest venv demo clean
+.PHONY: run test lint typecheck pytest quick venv demo clean
 
 $(STAMP): requirements.lock
 	$(PYTHON) -m venv $(VENV)
@@ -31,15 +31,28 @@ run: $(STAMP)
 ## make test: lint, format check, type check, then the whole suite.
 test: lint typecheck pytest
 
+## make lint: ruff, the format check, and the import contract (pyproject.toml [tool.importlinter]:
+## layers point one way, no cycle; tests/test_layers.py checks the same from the source).
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports --no-logo
 
 typecheck: $(STAMP)
 	$(BIN)/mypy dashboard channels_registry brokers dlq audit alerts
 
 pytest: $(STAMP)
 	$(BIN)/pytest $(PYTEST_ARGS)
+
+## make quick: the quick loop (not slow, not browser) in parallel with pytest-xdist, one worker
+## per core, each on its own test database (pytest-django appends the worker: test_<db>_gw0 …)
+## and with its own broker-side names (tests/conftest.py unique_name). `--dist load` keeps
+## pytest-django's order on every worker (database tests before transactional ones, whose flush
+## empties the rows the data migrations made); `--dist loadfile` broke three tests that way.
+## `make quick QUICK_N=4` for another worker count.
+QUICK_N ?= auto
+quick: $(STAMP)
+	$(BIN)/pytest -m 'not slow and not browser' -n $(QUICK_N) --dist load $(PYTEST_ARGS)
 
 demo: $(STAMP)
 	$(BIN)/python manage.py demo

@@ -443,7 +443,7 @@ def run_clients(
 
     from django.db import connections
 
-    from channels_registry import polling
+    from channels_registry.models import Broker
     from dashboard import live
 
     cycle = [0]
@@ -460,7 +460,7 @@ def run_clients(
             pushes.append(time.monotonic() - started)
 
     live.push_board_rows = timed_push  # type: ignore[assignment]
-    polling.get_adapter = lambda *a, **k: SyntheticAdapter(cycle)  # type: ignore[assignment]
+    Broker.adapter = lambda self, installation=None: SyntheticAdapter(cycle)  # type: ignore[method-assign]
 
     rss_idle = rss_mib(server.pid)
     connections.close_all()  # not shared with the forked client process
@@ -580,11 +580,11 @@ def main() -> None:
         "w+b", prefix="bench-live-daphne-", suffix=".log", delete=False
     )
     try:
-        from channels_registry import polling
+        from channels_registry.models import Broker
         from channels_registry.polling import do_poll_broker
 
         broker_id, keys = make_data()
-        polling.get_adapter = lambda *a, **k: SyntheticAdapter([0])  # type: ignore[assignment]
+        Broker.adapter = lambda self, installation=None: SyntheticAdapter([0])  # type: ignore[method-assign]
         # The first health rows, and a second poll that gives them rates, before anyone
         # listens: cycle 1 then changes the moving rows only, as every later cycle does.
         do_poll_broker(broker_id, force=True)

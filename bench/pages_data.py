@@ -117,8 +117,9 @@ def make_channels() -> Any:
 
 def poll_health(broker_id: int) -> None:
     from channels_registry import polling
+    from channels_registry.models import Broker
 
-    polling.get_adapter = lambda *a, **k: SyntheticAdapter()  # type: ignore[assignment]
+    Broker.adapter = lambda self, installation=None: SyntheticAdapter()  # type: ignore[method-assign]
     polling.do_poll_broker(broker_id, force=True)
 
 

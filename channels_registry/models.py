@@ -14,6 +14,7 @@ from django.db import connection, models
 from django.db.models.functions import Greatest, Lower
 from django.urls import reverse
 
+from brokers.base import BrokerAdapter
 from channels_registry.health import SEVERITY, HealthState, severity_of
 
 
@@ -209,8 +210,34 @@ class Broker(models.Model):
             problems.append("No connection URL is configured: name an environment variable.")
         return problems
 
+    def adapter(self, installation: str | None = None) -> BrokerAdapter:
+        """The one way to build this broker's adapter (polling, ingest, the relay, the retry
+        view): its kind, URL and options, this installation's id (which names the NATS drain
+        and copy consumers), and the settings every caller shares (the stall window a consumer
+        counts as attached within; the NATS drain's ack wait and pending cap). Raises
+        ``BrokerConfigError`` when the URL cannot be resolved.
+
+        ``installation``: the id when the caller has read it already. Polling does, before its
+        worker threads build adapters: those must not touch the database (a thread's query
+        would wait on the caller's open transaction). Otherwise a NATS adapter reads it here."""
+        from django.conf import settings
+
+        from brokers import get_adapter
+        from brokers.nats_jetstream import NatsJetStreamAdapter
+
+        adapter = get_adapter(self.kind, self.connection_url(), **self.adapter_options())
+        if installation is None:
+            installation = installation_id() if self.kind == BrokerKind.NATS else ""
+        adapter.installation_id = installation
+        # A consumer silent for the stall window no longer counts as attached (Redis, NATS pull).
+        adapter.active_idle_s = float(settings.DLO_HEALTH_STALL_S)
+        if isinstance(adapter, NatsJetStreamAdapter):
+            adapter.drain_ack_wait_s = float(settings.DLO_NATS_DRAIN_ACK_WAIT_S)
+            adapter.drain_max_ack_pending = int(settings.DLO_NATS_DRAIN_MAX_ACK_PENDING)
+        return adapter
+
     def adapter_options(self) -> dict[str, Any]:
-        """The adapter's keyword arguments besides the URL (``brokers.get_adapter``)."""
+        """The adapter's keyword arguments besides the URL (``adapter``)."""
         from django.conf import settings
 
         return {

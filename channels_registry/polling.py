@@ -39,7 +39,6 @@ from django.db import transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
-from brokers import get_adapter
 from brokers.base import Address, BrokerError, ChannelStats, PollResult, Topology, scrub
 from brokers.nats_jetstream import (
     ADVISORY_STREAM,
@@ -287,6 +286,7 @@ class _Poll:
     addresses: dict[int, ChannelAddresses]
     now: dt.datetime
     started: float
+    installation: str = ""  # read in step 1: step 2 runs on a thread, without the database
     result: PollResult | None = None
     topology: dict[Address, Topology] | None = None
     error: str = ""
@@ -307,7 +307,7 @@ def _begin(broker_id: int, *, force: bool) -> _Poll | PollOutcome:
     channels = list(broker.channels.filter(enabled=True).order_by("pk"))
     installation = installation_id() if broker.kind == BrokerKind.NATS else ""
     addresses = {c.pk: channel_addresses(c, broker.kind, installation) for c in channels}
-    return _Poll(broker, state, token, channels, addresses, now, started)
+    return _Poll(broker, state, token, channels, addresses, now, started, installation)
 
 
 def _call_broker(poll: _Poll) -> _Poll:
@@ -316,9 +316,7 @@ def _call_broker(poll: _Poll) -> _Poll:
     url = ""
     try:
         url = broker.connection_url()
-        adapter = get_adapter(broker.kind, url, **broker.adapter_options())
-        # A consumer silent for the stall window no longer counts as attached (Redis, NATS pull).
-        adapter.active_idle_s = float(settings.DLO_HEALTH_STALL_S)
+        adapter = broker.adapter(poll.installation)
         wanted = sorted({a for ca in poll.addresses.values() for a in ca.all()})
         poll.result = adapter.poll(wanted) if wanted else PollResult({}, 0, 0.0)
         poll.errors.extend(poll.result.errors)
@@ -530,12 +528,11 @@ def _store(
     _record_state(broker, state, token, now, result, topology is not None, error, failures)  # 4.
     # 5. Live updates: the changed rows, and the sample time of every row of a broker that
     # answered (the page shows its age from it; the rows are not pushed again for it).
-    if changed or result is not None:
-        from dashboard.live import push_board_rows
-
+    push = _board_push
+    if (changed or result is not None) and push is not None:
         ids = list(changed)
         sampled = (broker.pk, broker.name, now) if result is not None else None
-        transaction.on_commit(lambda: push_board_rows(ids, sampled), robust=True)
+        transaction.on_commit(lambda: push(ids, sampled), robust=True)
     return PollOutcome(
         broker.name,
         "ok" if result is not None else "failed",
@@ -659,6 +656,19 @@ _unresolved_counter: UnresolvedCounter | None = None
 def register_unresolved_counter(counter: UnresolvedCounter) -> None:
     global _unresolved_counter
     _unresolved_counter = counter
+
+
+#: Tells the live board what a poll changed, after its commit: the ids of the channels whose
+#: row looks different, and (broker id, name, sample time) when the broker answered. The
+#: dashboard registers it at start-up (``DashboardConfig.ready()``); without it, nothing is
+#: pushed.
+BoardPush = Callable[[list[int], "tuple[int, str, dt.datetime] | None"], object]
+_board_push: BoardPush | None = None
+
+
+def register_board_push(push: BoardPush | None) -> None:
+    global _board_push
+    _board_push = push
 
 
 def _unresolved(channels: list[Channel], before: dt.datetime) -> dict[int, health.Unresolved]:

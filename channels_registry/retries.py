@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 
-from brokers import get_adapter
 from brokers.base import Address, BrokerError, RetryView, scrub
 from channels_registry.models import BrokerConfigError, Channel
 
@@ -33,7 +32,7 @@ def read_retries(channel: Channel, limit: int = LIST_LIMIT) -> Retries:
     url = ""
     try:
         url = broker.connection_url()
-        adapter = get_adapter(broker.kind, url, **broker.adapter_options())
+        adapter = broker.adapter()
         view = adapter.retries(
             Address(channel.address, channel.address_group), channel.retry_address, limit
         )

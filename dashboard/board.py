@@ -28,15 +28,13 @@ from django.db.models.functions import Greatest, Lower
 from django.http import HttpResponse
 from django.shortcuts import render
 from django.utils import timezone
-from django.utils.safestring import SafeString
 from django.views.decorators.http import require_GET
 
 from channels_registry.access import channels_for_user
-from channels_registry.charts import sparkline
 from channels_registry.health import SEVERITY, DlqFlag, HealthState, fmt_duration
 from channels_registry.models import Broker, Channel, ChannelHealth
 from channels_registry.polling import SPARK_MINUTES
-from dashboard.board_data import RowChannel, RowHealth, load_rows
+from dashboard.board_data import BoardRow, RowChannel, RowHealth, load_rows
 from dashboard.board_html import rows_html
 from dashboard.http import HtmxHttpRequest
 
@@ -45,36 +43,6 @@ STATES = frozenset(HealthState.values)
 FLAGS = frozenset(DlqFlag.values)
 FIRST_ROWS = 100
 MORE_ROWS = 300
-
-
-@dataclasses.dataclass
-class BoardRow:
-    channel: Channel | RowChannel
-    health: ChannelHealth | RowHealth | None
-    state: str
-    state_label: str
-    evidence: list[str]
-    dlq_flags: list[tuple[str, str]]
-    severity: int
-    spark_points: list[tuple[float, float | None]]
-    spark_start: float
-    spark_end: float
-    last_sample_at: dt.datetime | None
-    last_sample_age_s: float | None
-    eta: str
-
-    @cached_property
-    def spark(self) -> SafeString:
-        """Drawn only for rows that are rendered (the SVG is the costly part of a row)."""
-        return sparkline(self.spark_points, self.spark_start, self.spark_end)
-
-    @property
-    def dom_id(self) -> str:
-        return f"ch-{self.channel.pk}"
-
-    @property
-    def stale(self) -> bool:
-        return self.state in (HealthState.STALE, HealthState.UNKNOWN)
 
 
 #: The board's filters on the channel itself (enabled, team, broker, ids): the keys of

@@ -5,15 +5,22 @@ a broker and a health instance for each cost twice the query itself (~4 ms of Py
 rows on the bench machine, docs/performance.md "Board and groups, round 5"): one model
 instance walks every concrete field of its model (~60 for a channel) even when only five are
 loaded. ``make_row`` and ``dashboard.board_html`` read these tuples and model instances alike
-(the channel page passes its ``Channel``).
+(the channel page passes its ``Channel``). ``BoardRow``, the row both build, lives here too,
+below ``dashboard.board`` and ``dashboard.board_html``, so neither imports the other for it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
+from functools import cached_property
 from typing import Any, NamedTuple
 
-from channels_registry.models import Broker, Channel
+from django.utils.safestring import SafeString
+
+from channels_registry.charts import sparkline
+from channels_registry.health import HealthState
+from channels_registry.models import Broker, Channel, ChannelHealth
 
 
 class RowHealth(NamedTuple):
@@ -88,3 +95,33 @@ def load_rows(ids: list[int]) -> dict[int, RowChannel]:
         pk, name, slug, team = values[:start]
         loaded[pk] = RowChannel(pk, name, slug, team, broker, health)
     return loaded
+
+
+@dataclasses.dataclass
+class BoardRow:
+    channel: Channel | RowChannel
+    health: ChannelHealth | RowHealth | None
+    state: str
+    state_label: str
+    evidence: list[str]
+    dlq_flags: list[tuple[str, str]]
+    severity: int
+    spark_points: list[tuple[float, float | None]]
+    spark_start: float
+    spark_end: float
+    last_sample_at: dt.datetime | None
+    last_sample_age_s: float | None
+    eta: str
+
+    @cached_property
+    def spark(self) -> SafeString:
+        """Drawn only for rows that are rendered (the SVG is the costly part of a row)."""
+        return sparkline(self.spark_points, self.spark_start, self.spark_end)
+
+    @property
+    def dom_id(self) -> str:
+        return f"ch-{self.channel.pk}"
+
+    @property
+    def stale(self) -> bool:
+        return self.state in (HealthState.STALE, HealthState.UNKNOWN)

@@ -23,7 +23,7 @@ from dashboard.html import ChannelLinks, escape
 from dlq.render import visible
 
 if TYPE_CHECKING:
-    from dashboard.board import BoardRow
+    from dashboard.board_data import BoardRow
 
 _DASH = "—"
 

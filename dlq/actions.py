@@ -1,4 +1,7 @@
-"""State changes of dead-letter entries: ingest, retention purge, reveal.
+"""State changes of dead-letter entries (retention purge, reveal) and the plans a person
+asks for (create, approve, pause, resume, cancel: their status changes go through
+``dlq.plan_state``, their work through ``dlq.plan_jobs``). ``do_ingest_channel`` lives in
+``dlq.ingest`` and is re-exported here.
 
 Ingest and purge deliberately are *not* one ``@transaction.atomic`` around the whole run: each
 works in bounded batches, one transaction and one audit event per batch, so a long drain never
@@ -11,20 +14,17 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import logging
-import time
 from typing import Any
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
-from django.db.models import F, Q, Sum
+from django.db.models import Q, Sum
 from django.utils import timezone
 
 from audit.actions import Actor, EventSpec, record, record_many
-from audit.sealer import request_checkpoint
-from brokers.base import BrokerError
-from channels_registry.models import BrokerConfigError, Channel, ChannelHealth
-from dlq import freeze, partitions, retention, search
-from dlq.ingest import IngestResult, ingest_channel
+from channels_registry.models import Channel
+from dlq import freeze, partitions, plan_jobs, plan_state, retention, search
+from dlq.ingest import do_ingest_channel  # noqa: F401 - re-exported: tasks, commands, tests
 from dlq.models import (
     DeadLetter,
     ItemStatus,
@@ -33,34 +33,11 @@ from dlq.models import (
     ReplayItem,
     ReplayPlan,
     Status,
-    refresh_open_counts,
 )
 from dlq.preview import build_preview
 from dlq.replay_models import FINISHED, RUNNABLE
 
 log = logging.getLogger(__name__)
-
-
-def do_ingest_channel(channel_id: int, max_batches: int = 200) -> IngestResult:
-    """Drain one channel's dead letters into the store (see ``dlq.ingest``). Broker problems
-    are reported in the result; database errors propagate (nothing was acked)."""
-    channel = Channel.objects.select_related("broker").get(pk=channel_id)
-    try:
-        result = ingest_channel(channel, max_batches=max_batches)
-    except (BrokerError, BrokerConfigError) as exc:
-        log.warning("ingest %s: %s", channel.slug, exc)
-        return IngestResult(channel.slug, errors=[str(exc)])
-    # Health evidence (and /metrics): the broker says N wait, and this run fetched none.
-    ChannelHealth.objects.filter(channel_id=channel.pk).update(
-        ingest_stalled=result.stalled or None, ingest_checked_at=timezone.now()
-    )
-    if result.stalled:
-        log.warning(
-            "ingest %s: fetched nothing while the broker says %d dead letters are waiting",
-            channel.slug,
-            result.stalled,
-        )
-    return result
 
 
 def channels_to_ingest() -> list[int]:
@@ -165,17 +142,6 @@ class PlanRefused(Exception):
     """A bulk action that cannot be planned or changed, with the reason to show."""
 
 
-def _enqueue_plan(plan_id: int) -> None:
-    """Run the plan in a worker after the commit, never in the request. Without a Celery
-    broker (``make run``: tasks would run eagerly, i.e. inside this request) the relay tick
-    of the in-process scheduler picks the plan up instead."""
-    from dlq.tasks import run_replay_plan_task
-
-    if settings.CELERY_TASK_ALWAYS_EAGER:
-        return
-    transaction.on_commit(lambda: run_replay_plan_task.delay(plan_id))
-
-
 def _existing_plan(request_key: str | None) -> ReplayPlan | None:
     if not request_key:
         return None
@@ -238,14 +204,14 @@ def do_create_plan(
             )
             if preview.eligible > settings.DLO_FREEZE_INLINE:
                 _audit_plan_created(plan, preview, selection, actor, reason, None)
-                freeze.enqueue(plan.pk)
+                plan_jobs.enqueue_freeze(plan.pk)
                 return plan, True
             frozen = freeze.freeze_now(plan, selection, entries, actor)
             if not frozen.count:
                 raise PlanRefused("None of the matching entries can be planned any more.")
             _audit_plan_created(plan, preview, selection, actor, reason, frozen)
             if plan.status == PlanStatus.QUEUED:
-                start_plan(plan)
+                plan_jobs.launch(plan)
     except IntegrityError:
         # A concurrent double submit won the unique request_key: answer with its plan.
         existing = _existing_plan(request_key)
@@ -355,18 +321,6 @@ def _audit_plan_created(
     )
 
 
-def start_plan(plan: ReplayPlan) -> None:
-    """A frozen plan without a second person: a small discard is done now, anything else is
-    enqueued for the relay after commit."""
-    if plan.kind == PlanKind.DISCARD and plan.total <= DISCARD_INLINE:
-        plan.status = PlanStatus.RUNNING
-        ReplayPlan.objects.filter(pk=plan.pk).update(status=PlanStatus.RUNNING)
-        _discard_items(plan, list(plan.items.filter(status=ItemStatus.PENDING)))
-        _finish_discard(plan)
-    else:
-        _enqueue_plan(plan.pk)
-
-
 def _recently_asked(kind: str, actor: Actor) -> int:
     """Entries ``actor`` put into plans of ``kind`` that ran without a second person, within
     ``DLO_FOUR_EYES_WINDOW_S``: the four-eyes threshold counts what one person asked for in
@@ -381,118 +335,13 @@ def _recently_asked(kind: str, actor: Actor) -> int:
     return int(plans.exclude(status=PlanStatus.CANCELLED).aggregate(n=Sum("total"))["n"] or 0)
 
 
-DISCARD_INLINE = 1_000  # larger discards run in the worker, in batches
-DISCARD_BATCH = 1_000
-
-
-def _discard_items(plan: Any, items: list[Any]) -> int:
-    """Discard these items' entries (state change, one audit event per entry). Entries that
-    changed state since the plan froze them (being replayed, already discarded) are skipped."""
-
-    now = timezone.now()
-    ids = [i.entry_id for i in items]
-    eligible = set(
-        DeadLetter.objects.filter(pk__in=ids)
-        .exclude(status__in=[Status.DISCARDED, Status.REPLAYING])
-        .values_list("pk", "status")
-    )
-    before = dict(eligible)
-    DeadLetter.objects.filter(pk__in=list(before)).update(status=Status.DISCARDED)
-    refresh_open_counts(list(before))
-    done = [i for i in items if i.entry_id in before]
-    skipped = [i for i in items if i.entry_id not in before]
-    ReplayItem.objects.filter(pk__in=[i.pk for i in done]).update(
-        status=ItemStatus.DISCARDED, finished_at=now
-    )
-    ReplayItem.objects.filter(pk__in=[i.pk for i in skipped]).update(
-        status=ItemStatus.SKIPPED, finished_at=now
-    )
-    actor = Actor(plan.requested_by_id, plan.requested_by_username)
-    record_many(
-        [
-            EventSpec(
-                "dlq.discard",
-                "dlq.deadletter",
-                i.entry_id,
-                f"dead letter #{i.entry_id}",
-                plan.channel.slug,
-                reason=plan.reason,
-                after={
-                    "plan": plan.pk,
-                    "status": [before[i.entry_id], Status.DISCARDED],
-                    "approved_by": plan.approved_by_username or None,
-                },
-            )  # fmt: skip
-            for i in done
-        ],
-        actor=actor,
-    )
-    ReplayPlan.objects.filter(pk=plan.pk).update(
-        discarded=F("discarded") + len(done), skipped=F("skipped") + len(skipped)
-    )
-    return len(done)
-
-
-def _finish_discard(plan: Any) -> None:
-
-    ReplayPlan.objects.filter(pk=plan.pk, status=PlanStatus.RUNNING).update(
-        status=PlanStatus.DONE, finished_at=timezone.now()
-    )
-    plan.refresh_from_db()
-    record(
-        "dlq.discard.finished",
-        actor=Actor.system(),
-        target=plan,
-        channel_slug=plan.channel.slug,
-        after={"total": plan.total, "discarded": plan.discarded, "skipped": plan.skipped},
-    )
-    request_checkpoint()  # a burst ended: anchor it now, not at the next minute
-
-
-def run_discard_plan(plan: Any, owner: str, result: Any, max_seconds: float) -> Any:
-    """The relay's part for an approved discard plan: bounded batches, one transaction each."""
-
-    deadline = time.monotonic() + max_seconds
-    ReplayPlan.objects.filter(pk=plan.pk, status=PlanStatus.QUEUED).update(
-        status=PlanStatus.RUNNING, started_at=timezone.now()
-    )
-    while time.monotonic() < deadline:
-        with transaction.atomic():
-            plan.refresh_from_db()
-            if plan.status != PlanStatus.RUNNING:
-                break
-            items = list(
-                plan.items.filter(status=ItemStatus.PENDING).order_by("position")[:DISCARD_BATCH]
-            )
-            if not items:
-                _finish_discard(plan)
-                break
-            _discard_items(plan, items)
-    else:
-        result.more = True
-    plan.refresh_from_db()
-    result.status = plan.status
-    return result
-
-
-def _locked_plan(plan_id: int) -> Any:
+def _locked_plan(plan_id: int) -> ReplayPlan:
 
     return ReplayPlan.objects.select_for_update().select_related("channel").get(pk=plan_id)
 
 
-def _audit_plan(plan: Any, action: str, actor: Actor, reason: str = "", **after: Any) -> None:
-    record(
-        f"dlq.{plan.kind}.{action}",
-        actor=actor,
-        target=plan,
-        channel_slug=plan.channel.slug,
-        reason=reason,
-        after={"status": plan.status, **after},
-    )
-
-
 @transaction.atomic
-def do_approve_plan(plan_id: int, *, actor: Actor, reason: str = "") -> Any:
+def do_approve_plan(plan_id: int, *, actor: Actor, reason: str = "") -> ReplayPlan:
     """A second person approves a plan awaiting approval; never its own requester."""
 
     plan = _locked_plan(plan_id)
@@ -506,56 +355,35 @@ def do_approve_plan(plan_id: int, *, actor: Actor, reason: str = "") -> Any:
         raise PlanRefused(f"The plan is {state}, not awaiting approval.")
     if actor.user_id is None or actor.user_id == plan.requested_by_id:
         raise PlanRefused("The requester cannot approve their own plan: ask a second person.")
-    now = timezone.now()
-    ReplayPlan.objects.filter(pk=plan.pk).update(
-        status=PlanStatus.QUEUED,
-        approved_by_id=actor.user_id,
-        approved_by_username=actor.username,
-        approved_at=now,
-    )
-    plan.refresh_from_db()
-    _audit_plan(plan, "approve", actor, reason, requested_by=plan.requested_by_username)
-    if plan.kind == PlanKind.DISCARD and plan.total <= DISCARD_INLINE:
-        ReplayPlan.objects.filter(pk=plan.pk).update(status=PlanStatus.RUNNING, started_at=now)
-        plan.refresh_from_db()
-        _discard_items(plan, list(plan.items.filter(status=ItemStatus.PENDING)))
-        _finish_discard(plan)
-    else:
-        _enqueue_plan(plan.pk)
+    plan_state.approve(plan, actor, reason)
+    plan_jobs.launch(plan)
     return plan
 
 
 @transaction.atomic
-def do_pause_plan(plan_id: int, *, actor: Actor, reason: str = "") -> Any:
+def do_pause_plan(plan_id: int, *, actor: Actor, reason: str = "") -> ReplayPlan:
 
     plan = _locked_plan(plan_id)
     if plan.status not in RUNNABLE:
         raise PlanRefused(f"A {plan.get_status_display().lower()} plan cannot be paused.")
-    ReplayPlan.objects.filter(pk=plan.pk).update(status=PlanStatus.PAUSED)
-    plan.refresh_from_db()
-    _audit_plan(plan, "pause", actor, reason)
+    plan_state.pause_by(plan, actor, reason)
     return plan
 
 
 @transaction.atomic
-def do_resume_plan(plan_id: int, *, actor: Actor, reason: str = "") -> Any:
+def do_resume_plan(plan_id: int, *, actor: Actor, reason: str = "") -> ReplayPlan:
     """Resume a paused plan, or one the canary halted (a person decided to go on)."""
 
     plan = _locked_plan(plan_id)
     if plan.status not in (PlanStatus.PAUSED, PlanStatus.HALTED):
         raise PlanRefused(f"A {plan.get_status_display().lower()} plan cannot be resumed.")
-    changes: dict[str, Any] = {"status": PlanStatus.QUEUED}
-    if plan.status == PlanStatus.HALTED:
-        changes["canary_passed_at"] = timezone.now()  # the person overrules the canary
-    ReplayPlan.objects.filter(pk=plan.pk).update(**changes)
-    plan.refresh_from_db()
-    _audit_plan(plan, "resume", actor, reason)
-    _enqueue_plan(plan.pk)
+    plan_state.resume(plan, actor, reason)
+    plan_jobs.enqueue_relay(plan.pk)
     return plan
 
 
 @transaction.atomic
-def do_cancel_plan(plan_id: int, *, actor: Actor, reason: str = "") -> Any:
+def do_cancel_plan(plan_id: int, *, actor: Actor, reason: str = "") -> ReplayPlan:
     """Cancel: items not yet sent become CANCELLED and their entries NEW again (one audit
     event each). Items in flight (SENDING) keep their course: the relay records their real
     outcome, since the broker may already have them."""
@@ -563,16 +391,13 @@ def do_cancel_plan(plan_id: int, *, actor: Actor, reason: str = "") -> Any:
     plan = _locked_plan(plan_id)
     if plan.status in FINISHED:
         raise PlanRefused(f"The plan is already {plan.get_status_display().lower()}.")
-    now = timezone.now()
-    # A freezing plan stops freezing (its freezer's next chunk finds it cancelled and rolls
-    # back); its total becomes what was frozen, all of which is cancelled below.
-    was_freezing = plan.status == PlanStatus.FREEZING
-    ReplayPlan.objects.filter(pk=plan.pk).update(
-        status=PlanStatus.CANCELLED,
-        finished_at=now,
-        status_note=reason[:1000],
-        **({"total": plan.frozen, "lease_owner": "", "lease_until": None} if was_freezing else {}),
-    )
+    plan_state.cancel(plan, actor, reason, lambda now: _cancel_items(plan, actor, reason, now))
+    return plan
+
+
+def _cancel_items(plan: ReplayPlan, actor: Actor, reason: str, now: dt.datetime) -> int:
+    """``do_cancel_plan``'s items: the pending ones CANCELLED, in chunks; a replay's entries
+    NEW again, one audit event each. Returns how many."""
     cancelled = 0
     pending = ReplayItem.objects.filter(plan=plan, status=ItemStatus.PENDING)
     while True:
@@ -604,8 +429,4 @@ def do_cancel_plan(plan_id: int, *, actor: Actor, reason: str = "") -> Any:
                 actor=actor,
             )
         cancelled += len(chunk)
-    ReplayPlan.objects.filter(pk=plan.pk).update(cancelled=F("cancelled") + cancelled)
-    plan.refresh_from_db()
-    frozen = {"while_freezing": True, "frozen": plan.total} if was_freezing else {}
-    _audit_plan(plan, "cancel", actor, reason, cancelled=cancelled, **frozen)
-    return plan
+    return cancelled

@@ -11,8 +11,12 @@ class DlqConfig(AppConfig):
         import dlq.lookups  # noqa: F401  (registers the ``__any`` lookup)
         from channels_registry.charts import register_event_source
         from channels_registry.polling import register_unresolved_counter
+        from dlq import plan_jobs, tasks
         from dlq.chart_events import dead_letter_events
         from dlq.models import count_unresolved
 
         register_unresolved_counter(count_unresolved)
         register_event_source(dead_letter_events)
+        plan_jobs.register(
+            relay=tasks.run_replay_plan_task.delay, freeze=tasks.freeze_plan_task.delay
+        )

@@ -49,6 +49,7 @@ from django.utils import timezone
 
 from audit.actions import Actor, record
 from audit.models import AuditEvent
+from dlq import plan_jobs, plan_state
 from dlq.filters import EntryFilter
 from dlq.models import (
     RESOLVED,
@@ -365,38 +366,6 @@ def altered_items(plan: ReplayPlan) -> str:
     )
 
 
-def _close(plan: ReplayPlan, owner: str | None) -> bool:
-    """Step 3's state change: FREEZING → awaiting approval or queued (cancelled when nothing
-    could be frozen), the total what was frozen, the lease released."""
-    note = ""
-    if plan.frozen == 0:
-        status, note = PlanStatus.CANCELLED, "None of the selected entries could be frozen."
-    else:
-        status = PlanStatus.AWAITING_APPROVAL if plan.needs_approval else PlanStatus.QUEUED
-        if plan.frozen != plan.total:
-            gone = plan.total - plan.frozen
-            note = (
-                f"{plan.total:,} entries were selected; {abs(gone):,} "
-                f"{'changed state or were taken by another plan' if gone > 0 else 'more matched'}"
-                " before they were frozen."
-            )
-    mine = Q(pk=plan.pk, status=PlanStatus.FREEZING)
-    if owner is not None:
-        mine &= Q(lease_owner=owner)
-    now = timezone.now()
-    closed = ReplayPlan.objects.filter(mine).update(
-        status=status,
-        total=plan.frozen,
-        frozen_at=now,
-        status_note=note,
-        lease_owner="",
-        lease_until=None,
-        **({"finished_at": now} if status == PlanStatus.CANCELLED else {}),
-    )
-    plan.refresh_from_db()
-    return closed == 1
-
-
 def freeze_now(
     plan: ReplayPlan, selection: Selection, entries: QuerySet[DeadLetter], actor: Actor
 ) -> FrozenIds:
@@ -407,21 +376,17 @@ def freeze_now(
         pass
     frozen = frozen_ids(plan)
     if frozen.count:
-        _close(plan, None)
+        plan_state.close_freeze(plan, None)
     return frozen
 
 
 def _finish(plan: ReplayPlan, owner: str, actor: Actor) -> None:
     """Step 3 in the background: close the plan, audit what was frozen, start it."""
-    from dlq.actions import start_plan
-
     frozen = frozen_ids(plan)
-    selected = plan.total
-    if not _close(plan, owner):
+    if not plan_state.finish_freeze(plan, owner, actor, frozen.as_json()):
         raise Interrupted(f"plan {plan.pk} is no longer freezing under this lease")
-    _audit(plan, "frozen", actor, {"status": plan.status, "selected": selected, **frozen.as_json()})
     if plan.status == PlanStatus.QUEUED:
-        start_plan(plan)
+        plan_jobs.launch(plan)
 
 
 def owner_name() -> str:
@@ -491,16 +456,6 @@ def orphaned_freezes(*, grace_s: float, limit: int = 50) -> list[int]:
     plans = ReplayPlan.objects.filter(unclaimed | Q(lease_until__lt=now))
     ids = plans.filter(status=PlanStatus.FREEZING).order_by("id").values_list("id", flat=True)
     return list(ids[:limit])
-
-
-def enqueue(plan_id: int) -> None:
-    """Freeze in a worker after the commit. Without a Celery broker (``make run``: tasks would
-    run eagerly, inside the request) the scheduler's ``dlq-freeze-plans`` tick does it."""
-    from dlq.tasks import freeze_plan_task
-
-    if settings.CELERY_TASK_ALWAYS_EAGER:
-        return
-    transaction.on_commit(lambda: freeze_plan_task.delay(plan_id))
 
 
 def freeze_to_end(plan_id: int, *, wait_s: float = 0.5) -> ReplayPlan:

@@ -36,14 +36,14 @@ from django.db.models.functions import Greatest, Least
 from django.utils import timezone
 
 from audit.actions import Actor, record
-from brokers.base import Address
+from brokers.base import Address, BrokerError
 from brokers.base import DeadLetter as Letter
 from brokers.nats_jetstream import (
     NatsCopyDrainSession,
     copy_address,
     copy_key,
 )
-from channels_registry.models import BrokerKind, Channel
+from channels_registry.models import BrokerConfigError, BrokerKind, Channel, ChannelHealth
 from dlq import adapters, search, trends
 from dlq.adapters import adapter_for  # noqa: F401 - re-exported: tests open adapters with it
 from dlq.fingerprint import normalize_error
@@ -402,4 +402,26 @@ def ingest_channel(
                 result.inserted += inserted
                 result.duplicates += duplicates
     search.index_missing()
+    return result
+
+
+def do_ingest_channel(channel_id: int, max_batches: int = 200) -> IngestResult:
+    """Drain one channel's dead letters into the store (``ingest_channel``). Broker problems
+    are reported in the result; database errors propagate (nothing was acked)."""
+    channel = Channel.objects.select_related("broker").get(pk=channel_id)
+    try:
+        result = ingest_channel(channel, max_batches=max_batches)
+    except (BrokerError, BrokerConfigError) as exc:
+        log.warning("ingest %s: %s", channel.slug, exc)
+        return IngestResult(channel.slug, errors=[str(exc)])
+    # Health evidence (and /metrics): the broker says N wait, and this run fetched none.
+    ChannelHealth.objects.filter(channel_id=channel.pk).update(
+        ingest_stalled=result.stalled or None, ingest_checked_at=timezone.now()
+    )
+    if result.stalled:
+        log.warning(
+            "ingest %s: fetched nothing while the broker says %d dead letters are waiting",
+            channel.slug,
+            result.stalled,
+        )
     return result

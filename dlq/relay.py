@@ -25,8 +25,9 @@ arrived since the plan started; otherwise it ramps to the full velocity.
 
 This module is the loop. The steps live in their own modules: the lease and step 2 in
 ``dlq.relay_items``, step 3's messages and publishers in ``dlq.relay_publish``, step 4 in
-``dlq.relay_outcomes``, and the plan's audited state changes (waiting, paused, finished, the
-canary's verdict) in ``dlq.relay_states``.
+``dlq.relay_outcomes``, the canary's verdict in ``dlq.relay_states``, a discard plan's work in
+``dlq.discard``, and the plan's audited state changes (running, waiting, paused, halted,
+finished) in ``dlq.plan_state``, the one module that writes a plan's status.
 """
 
 from __future__ import annotations
@@ -43,21 +44,14 @@ from concurrent.futures import wait as wait_futures
 from audit.actions import Actor
 from brokers.base import PublishOutcome
 from channels_registry.models import BrokerConfigError
+from dlq.discard import run_discard_plan
 from dlq.freeze import altered_items
 from dlq.models import PlanKind, PlanStatus, ReplayItem, ReplayPlan, refresh_open_counts
+from dlq.plan_state import enter_waiting, finish, leave_waiting, note_waiting, pause, start_plan
 from dlq.relay_items import claim_plan, release_lease, renew_lease, take_batch
 from dlq.relay_outcomes import record_outcomes
 from dlq.relay_publish import Publishers, outgoing_batch
-from dlq.relay_states import (
-    canary_check,
-    enter_waiting,
-    finish,
-    leave_waiting,
-    next_due_in,
-    pause,
-    pause_unconfigured,
-    start_plan,
-)
+from dlq.relay_states import canary_check, next_due_in, pause_unconfigured
 from dlq.replay_models import RUNNABLE
 
 BATCH_SIZE = 500  # items per publish round trip of a plan with a velocity
@@ -130,8 +124,6 @@ def run_plan(plan_id: int, *, max_seconds: float = SLICE_S, owner: str | None = 
                 result.status = PlanStatus.PAUSED
                 return result
         if plan.kind == PlanKind.DISCARD:
-            from dlq.actions import run_discard_plan
-
             return run_discard_plan(plan, owner, result, max_seconds)
         return _run_replay(plan, owner, result, max_seconds)
     finally:
@@ -368,9 +360,7 @@ def _await_broker(
             return leave_waiting(plan, actor)
         note = f"broker unreachable: {problem}"[:1000]
         if note != plan.status_note:
-            ReplayPlan.objects.filter(pk=plan.pk, status=PlanStatus.WAITING).update(
-                status_note=note
-            )
+            note_waiting(plan, note)
         delay = min(delay * 2, PROBE_MAX_S)
     return False
 

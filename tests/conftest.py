@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -17,6 +18,16 @@ from channels_registry.actions import refresh_findings
 from channels_registry.models import Broker, BrokerKind, Channel
 
 PASSWORD = "correct horse battery staple"
+
+#: The pytest-xdist worker this process is (``gw0``, ``gw1`` …; "" in a serial run). Each worker
+#: has its own test database (pytest-django appends it: ``test_dlo_gw0``); names a test creates
+#: on a shared broker (queues, streams, Redis keys) take it too, through ``unique_name``.
+WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
+
+
+def unique_name(prefix: str, sep: str = "-") -> str:
+    """A broker-side name no other test, worker or concurrent run uses."""
+    return sep.join(part for part in (prefix, WORKER, uuid.uuid4().hex[:8]) if part)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -36,6 +47,12 @@ def pytest_configure(config: pytest.Config) -> None:
         # For users a separate server process (browser journeys) must verify.
         "django.contrib.auth.hashers.PBKDF2PasswordHasher",
     ]
+    if not WORKER:
+        # The audit MAC key is created on first use: once here, before any xdist worker
+        # starts, so parallel workers never race to create it and read a half-written file.
+        from audit.mac import load_key
+
+        load_key()
 
 
 @pytest.fixture(autouse=True)

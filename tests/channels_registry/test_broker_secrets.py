@@ -112,6 +112,16 @@ def test_scrub_removes_urls_passwords_and_tokens() -> None:
         ("redis", f"redis://:{SECRET}@127.0.0.1:notaport/0"),
         ("redis", f"rediss://:{SECRET}@[::1/0"),
     ],
+    # Fixed ids: the secret is random per process, and pytest-xdist needs every worker to
+    # collect the same test names.
+    ids=[
+        "nats-bare",
+        "nats-url",
+        "rabbitmq-scheme",
+        "rabbitmq-refused",
+        "redis-port",
+        "rediss-host",
+    ],
 )
 def test_a_failing_poll_never_shows_the_url_or_its_password(
     monkeypatch: pytest.MonkeyPatch,

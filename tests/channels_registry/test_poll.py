@@ -28,6 +28,7 @@ from nats.js.api import AckPolicy, ConsumerConfig
 from channels_registry.actions import do_poll_broker
 from channels_registry.health import DlqFlag, HealthState
 from channels_registry.models import (
+    Broker,
     BrokerKind,
     BrokerPollState,
     ChannelHealth,
@@ -490,7 +491,7 @@ def test_sample_rollup_and_health_row_keep_the_same_measurements(
         def inspect(self, addresses: Any) -> dict[Any, Any]:
             return {}
 
-    monkeypatch.setattr(polling, "get_adapter", lambda *a, **k: Adapter())
+    monkeypatch.setattr(Broker, "adapter", lambda self, installation=None: Adapter())
     assert do_poll_broker(broker.pk).status == "ok"
     sample = ChannelSample.objects.get(channel=channel)
     expected = {name: i + 1 for i, name in enumerate(polling.STATS_FIELDS)}

@@ -29,7 +29,14 @@ from dashboard import consumers
 from dashboard.asgi import application
 from dashboard.live import BOARD_GROUP, FRAME_BYTES
 from dashboard.roles import sync_roles
-from tests.conftest import broker_required, client_for, make_broker, make_channel, make_user
+from tests.conftest import (
+    broker_required,
+    client_for,
+    make_broker,
+    make_channel,
+    make_user,
+    unique_name,
+)
 
 REDIS_URL = "redis://127.0.0.1:6379/0"
 ORIGIN = (b"origin", b"http://testserver")
@@ -135,7 +142,7 @@ def test_viewer_receives_the_row_partial_after_a_poll(monkeypatch: pytest.Monkey
         client.ping()
     except Exception as exc:
         broker_required("Redis", exc)
-    stream = "dlo-live-test-stream"
+    stream = unique_name("dlo-live-test-stream")
     client.delete(stream)
     for i in range(4):
         client.xadd(stream, {"n": i})

@@ -9,7 +9,7 @@ from django.contrib.auth.models import User
 from django.test import override_settings
 
 from audit.models import AuditEvent
-from dlq import relay
+from dlq import discard, relay
 from dlq.models import DeadLetter, ItemStatus, PlanStatus, ReplayPlan, Status
 from dlq.preview import Selection, build_preview
 from tests.conftest import client_for, make_channel, make_user
@@ -98,12 +98,12 @@ def test_a_large_approved_discard_runs_in_the_relay_in_batches(oncall: User) -> 
     from audit.actions import Actor
     from dlq import actions
 
-    original = actions.DISCARD_INLINE
-    actions.DISCARD_INLINE = 1
+    original = discard.DISCARD_INLINE
+    discard.DISCARD_INLINE = 1
     try:
         actions.do_approve_plan(plan.pk, actor=Actor.for_user(make_user("olivia", "oncall")))
     finally:
-        actions.DISCARD_INLINE = original
+        discard.DISCARD_INLINE = original
     assert ReplayPlan.objects.get().status == PlanStatus.QUEUED
     assert relay.run_plan(plan.pk).status == PlanStatus.DONE
     assert set(plan.items.values_list("status", flat=True)) == {ItemStatus.DISCARDED}
