@@ -251,7 +251,7 @@ class WsClient:
         )
         key = base64.b64encode(os.urandom(16)).decode()
         request = (
-            f"GET /ws/board/ HTTP/1.1\r\nHost: {HOST}:{self.port}\r\nUpgrade: websocket\r\n"
+            f"GET /ws/board/?patch=1 HTTP/1.1\r\nHost: {HOST}:{self.port}\r\nUpgrade: websocket\r\n"
             f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n"
             f"Origin: http://{HOST}:{self.port}\r\nCookie: sessionid={self.session_key}\r\n\r\n"
         )

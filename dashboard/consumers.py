@@ -31,9 +31,10 @@ Delivery at incident scale (issue 29), when every row changes at once:
    ``static/dlo/board.js`` sets those cells), ~70 bytes for a row of ~1 KB. Only for a client
    known to hold the version the patch starts from: one sent over this socket (not a row its
    page loaded over HTTP before it connected, nor before a reload) and still the row's latest
-   when the client's last frames were built (``PatchView``). Any other client gets the whole
-   row. A change of state, flags, name or team (what the page's
-   attention and announcement rules read) always goes as a whole row.
+   when the client's last frames were built (``PatchView``), and only to a page that said it
+   applies patches (``?patch=1``). Any other client gets the whole row. A change of state,
+   flags, name or team (what the page's attention and announcement rules read) always goes
+   as a whole row.
 5. A send that fails is logged once for all the clients it hit (with their number); each is
    told when possible (a ``stopped`` notice, then the socket closes) and the page says "live
    updates stopped" and reloads its rows. A client whose cursor fell behind what the mirror
@@ -414,7 +415,9 @@ class BoardConsumer(AsyncWebsocketConsumer):
         query = parse_qs(self.scope.get("query_string", b"").decode("latin-1"))
         self.filters = {k: query.get(k, [""])[0] for k in ("team", "broker")}
         self.cursor = self.mirror.seq
-        self.view = PatchView(self.cursor)  # the page has the rows up to here over HTTP
+        # Patches only to a page that applies them (``?patch=1``, ``templates/dashboard/
+        # board.html``): a page of an older release reconnecting after a deploy gets whole rows.
+        self.view = PatchView(self.cursor) if query.get("patch") == ["1"] else None
         self.in_flight: collections.deque[int] = collections.deque()
         self.in_flight_bytes = 0
         self.extra = 0  # this client's share of EXTRA (its bytes in flight past one frame)
@@ -482,7 +485,8 @@ class BoardConsumer(AsyncWebsocketConsumer):
         if self.cursor < self.mirror.floor:
             # Versions this client still needed were evicted: its rows come over HTTP.
             self.cursor = self.mirror.seq
-            self.view.rejoin(self.cursor)
+            if self.view is not None:
+                self.view.rejoin(self.cursor)
             await self._send(notice("reload", reason="too far behind"))
             return
         frames, end = self.mirror.frames(

@@ -194,8 +194,8 @@ def _tr(pk: int, version: int, size: int = 100) -> str:
     return f'<tr id="ch-{pk}" hx-swap-oob="true"><td>v{version} {"x" * size}</td></tr>'
 
 
-async def _board(cookie: tuple[bytes, bytes]) -> WebsocketCommunicator:
-    communicator = WebsocketCommunicator(application, "/ws/board/", headers=[ORIGIN, HOST, cookie])
+async def _board(cookie: tuple[bytes, bytes], path: str = "/ws/board/") -> WebsocketCommunicator:
+    communicator = WebsocketCommunicator(application, path, headers=[ORIGIN, HOST, cookie])
     connected, _ = await communicator.connect()
     assert connected
     return communicator
@@ -574,13 +574,16 @@ def test_a_row_goes_as_a_patch_only_to_a_client_sent_the_version_it_starts_from(
         return str(frame)
 
     async def scenario() -> None:
-        early = await _board(cookie)
+        early = await _board(cookie, "/ws/board/?patch=1")
+        older = await _board(cookie)  # a page of an older release: it does not apply patches
         await push(1)
         assert await received(early) == _board_row(pk, 1)
-        late = await _board(cookie)  # connects after version 1
+        assert await received(older) == _board_row(pk, 1)
+        late = await _board(cookie, "/ws/board/?patch=1")  # connects after version 1
         await push(2)
         assert await received(early) == _patch(pk, 2)
         assert await received(late) == _board_row(pk, 2)
+        assert await received(older) == _board_row(pk, 2)
         await push(3)
         assert await received(late) == _patch(pk, 3)  # it was sent version 2
         assert await received(early, ack=False) == _patch(pk, 3)
@@ -591,7 +594,9 @@ def test_a_row_goes_as_a_patch_only_to_a_client_sent_the_version_it_starts_from(
         assert await received(late) == _patch(pk, 5)
         await early.send_to(text_data="ack")
         assert await received(early) == _board_row(pk, 5)  # it never had version 4
-        for communicator in (early, late):
+        assert await received(older) == _board_row(pk, 3)  # sent before 4 came: one in flight
+        assert await received(older) == _board_row(pk, 5)  # then its latest, whole
+        for communicator in (early, late, older):
             assert await communicator.receive_nothing(timeout=0.3)
             await communicator.disconnect()
 
