@@ -303,15 +303,15 @@ class BoardMirror:
             if not version.shown(team, broker):
                 end = version.seq
                 continue
-            whole = version.payload
+            chosen = version.payload
             if version.patch is not None and patched(version):
-                whole = version.patch
-            text = folded(whole) if parts and version.foldable else whole
+                chosen = version.patch
+            text = folded(chosen) if parts and version.foldable else chosen
             n = len(text)
             if parts and (not (version.is_row or version.foldable) or size + n > FRAME_BYTES):
                 frames.append(("".join(parts), end))  # full, or a notice follows
                 parts, size = [], 0
-                text = whole
+                text = chosen
             end = version.seq
             if version.is_row or (parts and version.foldable):
                 parts.append(text)
