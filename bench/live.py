@@ -23,8 +23,9 @@ received per cycle, and the resident memory of the server process.
    commit through ``dashboard.live.push_board_rows``) with the adapter replaced by a synthetic
    one, so no broker is involved and every cycle changes ``BENCH_CHANGED`` rows (in-flight =
    the cycle number, which the clients read back from the row HTML as today's page renders
-   it: the cell ``data-label="In flight">N</td>``). The commit time is the moment
-   ``push_board_rows`` is called (Django calls it right after the commit).
+   it: the cell ``data-label="In flight">N</td>``, or from a row patch: cell ``"3":"N"``).
+   The commit time is the moment ``push_board_rows`` is called (Django calls it right after
+   the commit).
 5. Latency per row = receipt - commit of that row's cycle; p50/p95/max over all rows of all
    clients, and how many of the expected rows arrived (a row superseded before a slow client
    read it arrives once, at its latest cycle: counted as "superseded", not received). RSS:
@@ -33,7 +34,9 @@ received per cycle, and the resident memory of the server process.
 
 Environment: ``BENCH_CLIENTS`` (200), ``BENCH_CHANNELS`` (1,000), ``BENCH_CHANGED`` (all; e.g.
 100 for 1 % of 10,000), ``BENCH_CYCLES`` (8), ``BENCH_INTERVAL_S`` (3), ``BENCH_GRACE_S`` (10:
-listening after the last poll), ``BENCH_PROFILE`` (a path: the server runs under cProfile and
+listening after the last poll), ``BENCH_WARMUP`` (0: polls before the measured ones, their
+rows reported as unmatched) and ``BENCH_SETTLE_S`` (15: the pause after them),
+``BENCH_PROFILE`` (a path: the server runs under cProfile and
 writes its profile there).
 
 Note: with redis-py 8 (its socket timeout now defaults to 5 s) channels_redis' blocking
@@ -47,6 +50,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import collections
 import contextlib
 import os
 import re
@@ -71,6 +75,10 @@ INTERVAL_S = float(os.environ.get("BENCH_INTERVAL_S", "3"))
 REDIS_URL = os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/5")
 #: How long the clients keep listening after the last poll (a server behind catches up).
 GRACE_S = float(os.environ.get("BENCH_GRACE_S", "10"))
+#: Polls after the clients connected that are not measured (the server's first poll finds
+#: its process's mirror empty and sends whole rows: ``dashboard.consumers``), then a pause.
+WARMUP = int(os.environ.get("BENCH_WARMUP", "0"))
+SETTLE_S = float(os.environ.get("BENCH_SETTLE_S", "15"))
 #: A path: the server runs under cProfile and writes its profile there when it stops.
 PROFILE = os.environ.get("BENCH_PROFILE", "")
 RUN = uuid.uuid4().hex[:8]
@@ -78,9 +86,10 @@ DB = f"bench_live_{RUN}"
 HOST = "127.0.0.1"
 
 #: The in-flight cell of a row as ``dashboard.board_html`` renders it: the moving rows show the
-#: cycle number there (every other row shows 0).
-IN_FLIGHT = b'data-label="In flight">%d</td>'
+#: cycle number there (every other row shows 0); in a row patch (``dashboard.consumers``
+#: ``row_patch``) it is cell 3.
 _MOVING = re.compile(rb'data-label="In flight">([1-9]\d{0,3})</td>')
+_PATCHED = re.compile(rb'<!--dlo \{"patch":\[\d+,\{[^{}]*?"3":"([1-9]\d{0,3})"')
 
 
 def _pg(dbname: str = "postgres") -> Any:
@@ -242,7 +251,7 @@ class WsClient:
         )
         key = base64.b64encode(os.urandom(16)).decode()
         request = (
-            f"GET /ws/board/ HTTP/1.1\r\nHost: {HOST}:{self.port}\r\nUpgrade: websocket\r\n"
+            f"GET /ws/board/?patch=1 HTTP/1.1\r\nHost: {HOST}:{self.port}\r\nUpgrade: websocket\r\n"
             f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n"
             f"Origin: http://{HOST}:{self.port}\r\nCookie: sessionid={self.session_key}\r\n\r\n"
         )
@@ -313,20 +322,16 @@ class WsClient:
                     self.notices["sampled in rows"] = (
                         self.notices.get("sampled in rows", 0) + folded
                     )
-                # Count the rows of each cycle present (a message holds one cycle, or a few
-                # when a client fell behind and rows were coalesced).
-                match = _MOVING.search(data)
-                if match is None:
-                    continue
-                # Rows go oldest version first: the first match is the oldest cycle present.
-                total = data.count(b"<tr ")
-                cycle = int(match.group(1))
-                while total > 0 and cycle <= CYCLES:
-                    rows = data.count(IN_FLIGHT % cycle)
-                    if rows:
+                # The rows of each cycle present, whole or as patches (a message holds one
+                # cycle, or a few when a client fell behind and rows were coalesced).
+                cycles = collections.Counter(int(n) for n in _MOVING.findall(data))
+                patched = _PATCHED.findall(data)
+                if patched:
+                    self.notices["row patches"] = self.notices.get("row patches", 0) + len(patched)
+                    cycles.update(int(n) for n in patched)
+                for cycle, rows in cycles.items():
+                    if cycle <= WARMUP + CYCLES:
                         self.received.append((now, cycle, rows))
-                    total -= rows
-                    cycle += 1
         except (OSError, asyncio.IncompleteReadError) as exc:
             self.error = f"{type(exc).__name__}: {exc}"
 
@@ -365,7 +370,7 @@ def poller(broker_id: int, cycle: list[int], done: threading.Event) -> None:
     from channels_registry.polling import do_poll_broker
 
     try:
-        for n in range(1, CYCLES + 1):
+        for n in range(1, WARMUP + CYCLES + 1):
             started = time.monotonic()
             cycle[0] = n
             outcome = do_poll_broker(broker_id, force=True)
@@ -375,7 +380,8 @@ def poller(broker_id: int, cycle: list[int], done: threading.Event) -> None:
                 f"  cycle {n}: poll+commit+push {time.monotonic() - started:.2f} s,"
                 f" {len(outcome.changed)} rows changed"
             )
-            done.wait(max(0.0, INTERVAL_S - (time.monotonic() - started)))
+            wait = SETTLE_S if n == WARMUP else INTERVAL_S - (time.monotonic() - started)
+            done.wait(max(0.0, wait))
     finally:
         connection.close()
         done.set()
@@ -452,7 +458,8 @@ def run_clients(
     real_push = live.push_board_rows
 
     def timed_push(*args: Any, **kwargs: Any) -> int:
-        commits.setdefault(cycle[0], time.time())  # called by on_commit: right after the commit
+        if cycle[0] > WARMUP:  # called by on_commit: right after the commit
+            commits.setdefault(cycle[0], time.time())
         started = time.monotonic()
         try:
             return real_push(*args, **kwargs)
@@ -501,6 +508,7 @@ def report(
     """What the clients received against what each cycle committed, and the server's RSS."""
     connected = [c for c in clients if c.ok]
     latencies: list[tuple[float, int]] = []
+    by_cycle: dict[int, list[tuple[float, int]]] = {}
     rows_received = 0
     unmatched = 0
     superseded = 0
@@ -512,6 +520,7 @@ def report(
         for t, n, rows in client.received:
             if n in commits:
                 latencies.append((t - commits[n], rows))
+                by_cycle.setdefault(n, []).append((t - commits[n], rows))
                 rows_received += rows
                 seen[n] = seen.get(n, 0) + rows
             else:
@@ -528,7 +537,7 @@ def report(
     per_client_cycle = total_bytes / max(1, len(connected)) / max(1, len(commits))
     print(
         f"clients={len(connected)} channels={CHANNELS} changed/cycle={CHANGED}"
-        f" cycles={len(commits)} interval={INTERVAL_S:g}s"
+        f" cycles={len(commits)} (after {WARMUP} unmeasured) interval={INTERVAL_S:g}s"
     )
     print(
         f"rows received {rows_received:,} of {expected:,} expected"
@@ -547,6 +556,10 @@ def report(
         p50, p95 = percentile(latencies, 0.5), percentile(latencies, 0.95)
         worst = max(v for v, _ in latencies)
         print(f"commit → receipt: p50 {p50:.3f} s  p95 {p95:.3f} s  max {worst:.3f} s")
+        print(
+            "  per cycle p95: "
+            + ", ".join(f"{n}: {percentile(v, 0.95):.2f} s" for n, v in sorted(by_cycle.items()))
+        )
     print(
         f"server RSS: idle {rss_idle:.0f} MiB, peak {max(rss_samples):.0f} MiB,"
         f" end {rss_samples[-1]:.0f} MiB (median during run {statistics.median(rss_samples):.0f})"

@@ -12,6 +12,8 @@ characters shown as markers); the sparkline is already safe SVG.
 
 from __future__ import annotations
 
+import datetime as dt
+import functools
 from typing import TYPE_CHECKING, Any
 
 from django.utils import timezone
@@ -104,17 +106,25 @@ def _number_cells(row: BoardRow) -> str:
     )
 
 
+@functools.lru_cache(maxsize=256)
+def _clock(when: dt.datetime, zone: dt.tzinfo) -> tuple[str, str]:
+    """A sample time in ``zone``: ISO and as shown, escaped. Every row of a poll shares one
+    sample time, so a pushed batch formats it once, not once per row (~40 µs each)."""
+    at = timezone.localtime(when, zone)
+    text = f"{at:%b} {at.day}, {at:%H:%M:%S} {at.tzname() or ''}".rstrip()
+    return escape(at.isoformat()), escape(text)
+
+
 def _sample_cell(row: BoardRow) -> str:
     """The time of the last sample, as a clock time (still true on a page that never updates);
     the page shows its age from ``datetime`` and moves it when the broker's next poll is pushed
     (``data-broker``, ``static/dlo/board.js``), so the row need not be pushed for it."""
     if not row.last_sample_at:
         return '<td data-label="Last sample">never</td>'
-    at = timezone.localtime(row.last_sample_at)
-    text = f"{at:%b} {at.day}, {at:%H:%M:%S} {at.tzname() or ''}".rstrip()
+    iso, text = _clock(row.last_sample_at, timezone.get_current_timezone())
     return (
-        f'<td data-label="Last sample"><time datetime="{escape(at.isoformat())}" data-age'
-        f' data-broker="{int(row.channel.broker.pk)}">{escape(text)}</time></td>'
+        f'<td data-label="Last sample"><time datetime="{iso}" data-age'
+        f' data-broker="{int(row.channel.broker.pk)}">{text}</time></td>'
     )
 
 

@@ -24,7 +24,18 @@ Delivery at incident scale (issue 29), when every row changes at once:
    (``<!--dlo {"sampled": …}-->``, inert to htmx; ``static/dlo/board.js`` reads it), so a
    poll costs each in-sync client one message and one acknowledgement, not two of each; a
    sample time with no rows before it is a JSON notice of its own.
-4. A send that fails is logged once for all the clients it hit (with their number); each is
+4. A row whose ``<tr>``, channel cell, state and DLQ flags are as the client last had them
+   goes as a patch: the cells whose meaning changed (the state's evidence line, numbers,
+   sparkline, drain ETA, sample), each cell's inner HTML as the server rendered and escaped
+   it, in an inert comment ``<!--dlo {"patch": [id, {cell: html}]}-->`` (``row_patch``;
+   ``static/dlo/board.js`` sets those cells), ~70 bytes for a row of ~1 KB. Only for a client
+   known to hold the version the patch starts from: one sent over this socket (not a row its
+   page loaded over HTTP before it connected, nor before a reload) and still the row's latest
+   when the client's last frames were built (``PatchView``), and only to a page that said it
+   applies patches (``?patch=1``). Any other client gets the whole row. A change of state,
+   flags, name or team (what the page's attention and announcement rules read) always goes
+   as a whole row.
+5. A send that fails is logged once for all the clients it hit (with their number); each is
    told when possible (a ``stopped`` notice, then the socket closes) and the page says "live
    updates stopped" and reloads its rows. A client whose cursor fell behind what the mirror
    keeps gets a ``reload`` notice: the page reloads its rows over HTTP.
@@ -33,6 +44,7 @@ Delivery at incident scale (issue 29), when every row changes at once:
 from __future__ import annotations
 
 import asyncio
+import bisect
 import collections
 import json
 import logging
@@ -46,7 +58,7 @@ from channels.consumer import get_handler_name
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 
-from dashboard.live import BOARD_GROUP, FRAME_BYTES
+from dashboard.live import _SAMPLE_TIME, _SPARK, BOARD_GROUP, FRAME_BYTES
 
 log = logging.getLogger(__name__)
 
@@ -85,11 +97,77 @@ def folded(payload: str) -> str:
     return f"<!--dlo {payload}-->"
 
 
+#: Where ``dashboard.board_html.row_html`` starts a cell. Escaped text never holds ``<``, so
+#: the split is exact: the head (``<tr …>``), then one part per cell.
+_CELL = "\n<td"
+#: The state cell: patched only when its state and flags are as before (what the page's
+#: attention and announcement rules read), i.e. when only its evidence line changed.
+_STATE = 1
+_EVIDENCE = '<div class="evidence sub">'
+
+
+def _meaning(part: str) -> str:
+    """A cell as ``dashboard.live.row_digest`` compares it (no clock-only changes)."""
+    return _SPARK.sub(r"<svg \1>", _SAMPLE_TIME.sub("", part))
+
+
+def _inner(part: str) -> tuple[str, str]:
+    """A cell's attributes and inner HTML (the part after ``\n<td``; the last holds ``</tr>``)."""
+    head_end = part.index(">")
+    return part[:head_end], part[head_end + 1 : part.rindex("</td>")]
+
+
+def row_patch(pk: int, old: str, new: str) -> str | None:
+    """The folded patch from row HTML ``old`` to ``new``: the inner HTML of each cell whose
+    meaning changed, or None when the row must go whole: its ``<tr>`` or channel cell changed
+    (the name, link, broker, team), its state or DLQ flags changed (only the state cell's
+    evidence may be patched), or it is not a ``row_html`` row. Cell HTML is the server's,
+    escaped as in a whole row; ``<`` and ``>`` are JSON escapes, so the comment cannot close
+    early."""
+    before, after = old.split(_CELL), new.split(_CELL)
+    if len(before) != len(after) or len(after) <= _STATE + 2 or before[:2] != after[:2]:
+        return None
+    state = _STATE + 1
+    if before[state].split(_EVIDENCE, 1)[0] != after[state].split(_EVIDENCE, 1)[0]:
+        return None
+    cells: dict[str, str] = {}
+    for i in range(state, len(after)):
+        if before[i] == after[i] or _meaning(before[i]) == _meaning(after[i]):
+            continue
+        try:
+            (attrs_old, _), (attrs_new, inner) = _inner(before[i]), _inner(after[i])
+        except ValueError:
+            return None
+        if attrs_old != attrs_new:
+            return None
+        cells[str(i - 1)] = inner
+    body = json.dumps({"patch": [pk, cells]}, separators=(",", ":"))
+    return folded(body.replace("<", "\\u003c").replace(">", "\\u003e"))
+
+
+class PatchView:
+    """What a client holds, for patches: versions up to ``joined`` it never got over the socket
+    (its page loaded them over HTTP); its last frames were built when the mirror was at
+    ``basis``, starting from cursor ``origin[0]`` (``origin[1:]``: that build's basis, variant)."""
+
+    __slots__ = ("basis", "joined", "origin")
+
+    def __init__(self, seq: int) -> None:
+        self.joined = self.basis = seq
+        self.origin: tuple[int, int, int] | None = None
+
+    def rejoin(self, seq: int) -> None:
+        """The page reloads its rows over HTTP: nothing before ``seq`` is known to it."""
+        self.joined = self.basis = seq
+        self.origin = None
+
+
 class _Version:
     """One pushed version: a row's HTML, or a notice (JSON): a broker's sample time, which may
-    ride in a frame of rows (``foldable``), or another, which travels in a frame alone."""
+    ride in a frame of rows (``foldable``), or another, which travels in a frame alone. A row
+    may also have a ``patch`` from the version ``base`` (its predecessor) to it."""
 
-    __slots__ = ("broker", "foldable", "is_row", "payload", "seq", "team")
+    __slots__ = ("base", "broker", "foldable", "is_row", "patch", "payload", "seq", "team")
 
     def __init__(
         self, seq: int, team: str | None, broker: str, payload: str, foldable: bool = False
@@ -97,6 +175,8 @@ class _Version:
         self.seq, self.team, self.broker, self.payload = seq, team, broker, payload
         self.is_row = not payload.startswith("{")
         self.foldable = foldable and not self.is_row
+        self.patch: str | None = None
+        self.base = 0
 
     def shown(self, team: str, broker: str) -> bool:
         """Whether a client filtered to ``team``/``broker`` gets it (``team`` None: any)."""
@@ -121,9 +201,7 @@ class BoardMirror:
         #: Versions up to this number were evicted: a client whose cursor is below must reload.
         self.floor = 0
         self._batches: collections.OrderedDict[str, None] = collections.OrderedDict()
-        self._memo: collections.OrderedDict[tuple[Any, ...], tuple[list[Frame], int]] = (
-            collections.OrderedDict()
-        )
+        self._memo: collections.OrderedDict[tuple[Any, ...], Any] = collections.OrderedDict()
 
     def apply(self, batch: str, rows: Iterable[dict[str, Any]], sampled: Any = None) -> None:
         """Record a pushed batch once (every client of the process receives the same one)."""
@@ -146,22 +224,60 @@ class BoardMirror:
         self, key: Key, team: str | None, broker: str, payload: str, foldable: bool = False
     ) -> None:
         self.seq += 1
-        self.rows[key] = _Version(self.seq, team, broker, payload, foldable)
+        version = _Version(self.seq, team, broker, payload, foldable)
+        before = self.rows.get(key)
+        if before is not None and before.is_row and version.is_row and isinstance(key, int):
+            version.patch = row_patch(key, before.payload, payload)
+            version.base = before.seq
+        self.rows[key] = version
         self.rows.move_to_end(key)
 
-    def frames(self, cursor: int, team: str, broker: str) -> tuple[list[Frame], int]:
+    def frames(
+        self, cursor: int, team: str, broker: str, view: PatchView | None = None
+    ) -> tuple[list[Frame], int]:
         """Every frame due after ``cursor`` for a client with these filters, oldest first, and
-        the cursor after them all. Rows are packed into frames of at most ``FRAME_BYTES`` (a
-        row is ASCII, ``dashboard.live``, so its length is its size); a broker's sample time
-        after rows rides in their frame (``folded``), any other notice is a frame of its own.
-        Each frame carries the cursor after it.
+        the cursor after them all (see ``_pack``). Given the client's ``view``, a row goes as
+        its patch when the client holds the version the patch starts from: that version came
+        over the socket (after ``view.joined``), the client's cursor passed it, and it was
+        still the row's latest when the client's last frames were built (``view.basis``),
+        so it was sent then or before. Without a view every row goes whole.
 
-        Clients at the same cursor share one build, and every frame boundary of a build is
-        remembered too: in-sync clients walk the same boundaries, one frame per ack."""
-        key = (cursor, self.seq, team, broker)
-        memo = self._memo.get(key)
-        if memo is not None:
-            return memo
+        Clients at the same cursor and basis share one build (its variants differ only for a
+        client that joined after some patch's starting version), and every frame boundary of
+        a build is remembered for the clients walking it: one frame per ack."""
+        if view is not None and view.origin is not None and view.basis == self.seq:
+            walked = self._memo.get(("walk", cursor, self.seq, team, broker, *view.origin))
+            if walked is not None:
+                return walked
+        basis = view.basis if view is not None else self.seq
+        joined = view.joined if view is not None else self.seq
+        key = (cursor, self.seq, team, broker, basis)
+        entry = self._memo.get(key)
+        if entry is None:
+            due = self._due(cursor)
+            starts = sorted(
+                v.base for v in due if v.patch is not None and v.seq > basis and v.base <= cursor
+            )
+            built: dict[int, tuple[list[Frame], int]] = {}
+            entry = (due, starts, built)
+            self._remember(key, entry)
+        due, starts, built = entry
+        variant = bisect.bisect_right(starts, joined)  # patches that start too early: whole rows
+        result = built.get(variant)
+        if result is None:
+            result = built[variant] = self._pack(
+                due, cursor, team, broker, lambda v: v.seq > basis and joined < v.base <= cursor
+            )
+            frames, end = result
+            for i, (_, after) in enumerate(frames[:-1]):
+                walk = ("walk", after, self.seq, team, broker, cursor, basis, variant)
+                self._remember(walk, (frames[i + 1 :], end))
+        if view is not None:
+            view.basis, view.origin = self.seq, (cursor, basis, variant)
+        return result
+
+    def _due(self, cursor: int) -> list[_Version]:
+        """The versions after ``cursor``, oldest first."""
         due: list[_Version] = []
         for k in reversed(self.rows):
             version = self.rows[k]
@@ -169,6 +285,16 @@ class BoardMirror:
                 break
             due.append(version)
         due.reverse()
+        return due
+
+    @staticmethod
+    def _pack(
+        due: list[_Version], cursor: int, team: str, broker: str, patched: Any
+    ) -> tuple[list[Frame], int]:
+        """``due`` packed into frames of at most ``FRAME_BYTES`` (a row is ASCII,
+        ``dashboard.live``, so its length is its size), each with the cursor after it. A row
+        for which ``patched`` holds goes as its patch; a broker's sample time after rows rides
+        in their frame (``folded``); any other notice is a frame of its own."""
         frames: list[Frame] = []
         parts: list[str] = []
         size = 0
@@ -177,12 +303,15 @@ class BoardMirror:
             if not version.shown(team, broker):
                 end = version.seq
                 continue
-            text = folded(version.payload) if parts and version.foldable else version.payload
+            chosen = version.payload
+            if version.patch is not None and patched(version):
+                chosen = version.patch
+            text = folded(chosen) if parts and version.foldable else chosen
             n = len(text)
             if parts and (not (version.is_row or version.foldable) or size + n > FRAME_BYTES):
                 frames.append(("".join(parts), end))  # full, or a notice follows
                 parts, size = [], 0
-                text = version.payload
+                text = chosen
             end = version.seq
             if version.is_row or (parts and version.foldable):
                 parts.append(text)
@@ -193,13 +322,9 @@ class BoardMirror:
             frames.append(("".join(parts), end))
         if frames:  # versions filtered out after the last frame are passed with it
             frames[-1] = (frames[-1][0], end)
-        result = (frames, end)
-        self._remember(key, result)
-        for i, (_, after) in enumerate(frames[:-1]):
-            self._remember((after, self.seq, team, broker), (frames[i + 1 :], end))
-        return result
+        return frames, end
 
-    def _remember(self, key: tuple[Any, ...], result: tuple[list[Frame], int]) -> None:
+    def _remember(self, key: tuple[Any, ...], result: Any) -> None:
         self._memo[key] = result
         self._memo.move_to_end(key)
         while len(self._memo) > FRAME_MEMO_SIZE:
@@ -290,6 +415,9 @@ class BoardConsumer(AsyncWebsocketConsumer):
         query = parse_qs(self.scope.get("query_string", b"").decode("latin-1"))
         self.filters = {k: query.get(k, [""])[0] for k in ("team", "broker")}
         self.cursor = self.mirror.seq
+        # Patches only to a page that applies them (``?patch=1``, ``templates/dashboard/
+        # board.html``): a page of an older release reconnecting after a deploy gets whole rows.
+        self.view = PatchView(self.cursor) if query.get("patch") == ["1"] else None
         self.in_flight: collections.deque[int] = collections.deque()
         self.in_flight_bytes = 0
         self.extra = 0  # this client's share of EXTRA (its bytes in flight past one frame)
@@ -357,9 +485,13 @@ class BoardConsumer(AsyncWebsocketConsumer):
         if self.cursor < self.mirror.floor:
             # Versions this client still needed were evicted: its rows come over HTTP.
             self.cursor = self.mirror.seq
+            if self.view is not None:
+                self.view.rejoin(self.cursor)
             await self._send(notice("reload", reason="too far behind"))
             return
-        frames, end = self.mirror.frames(self.cursor, self.filters["team"], self.filters["broker"])
+        frames, end = self.mirror.frames(
+            self.cursor, self.filters["team"], self.filters["broker"], self.view
+        )
         if not frames:
             self.cursor = end  # nothing this client may see
         for text, after in frames:

@@ -1,7 +1,7 @@
 """Pushing board rows to open dashboards after a poll commits.
 
-1. The rows are built with one query and each is rendered once, by the same ``row_html`` the
-   page uses (never once per client).
+1. The rows are loaded by id in one query (no ranking: a push has no order) and each is
+   rendered once, by the same ``row_html`` the page uses (never once per client).
 2. A row is pushed only if it changed in meaning: its HTML differs from the last pushed
    version (a digest per row in the shared cache, one round trip each way), leaving out what
    moves with the clock alone: the ``<time>`` of the last sample (the page shows its age from
@@ -33,7 +33,8 @@ from channels.layers import get_channel_layer
 from django.core.cache import cache
 from django.utils import timezone
 
-from dashboard.board import board_rows, conditions_for
+from dashboard.board import make_row
+from dashboard.board_data import load_rows
 from dashboard.board_html import row_html
 from dashboard.html import ChannelLinks
 
@@ -104,7 +105,10 @@ def push_board_rows(
     ids = list(channel_ids)
     if layer is None or not (ids or sampled):
         return 0
-    rows = {r.channel.pk: r for r in board_rows(conditions_for(pk__in=ids), timezone.now())}
+    # The rows by id, unranked: a push has no order to keep (the page places rows by id), so
+    # the board's ranking queries (stale scan, ordered walk) are not run for it.
+    now = timezone.now()
+    rows = {pk: make_row(channel, now) for pk, channel in load_rows(ids).items()}
     # ASCII only (non-ASCII as character references, the same HTML to a parser): Python
     # then stores each row and every client's joined frame one byte per character, and the
     # server's UTF-8 encoding of each frame is a plain copy; a frame's length is its size.

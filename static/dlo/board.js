@@ -67,8 +67,8 @@
   });
   document.addEventListener("htmx:wsError", function (e) { e.target.__dloOpen = false; lost(); });
 
-  // Messages: rows (HTML, swapped by htmx; a broker's sample time may follow them in the same
-  // message as a comment, <!--dlo {...}-->) or a notice (JSON, handled here). They are
+  // Messages: rows (HTML, swapped by htmx; row patches and a broker's sample time may be in
+  // the same message as comments, <!--dlo {...}-->, read after the swap) or a notice (JSON, handled here). They are
   // acknowledged once handled, in batches ("ack N": N more messages): at once past ACK_BYTES,
   // else as soon as the page is idle. The server keeps a bounded window unacknowledged.
   var ACK_BYTES = 256 * 1024;
@@ -90,7 +90,22 @@
     unackedBytes += size;
     if (unackedBytes >= ACK_BYTES) { sendAck(); } else if (!ackTimer) { ackTimer = setTimeout(sendAck, 0); }
   }
+  // A row patch: [channel id, {cell index: inner HTML}] for the cells whose meaning changed
+  // (the state's evidence line, numbers, sparkline, drain ETA, sample; never the channel cell,
+  // and a new state or flag comes as a whole row). The HTML is the server's, escaped as in a
+  // whole row. A row this page has not loaded (a slice not shown yet) is skipped, as htmx
+  // skips a whole row it cannot place; its state did not change, so it needs no attention.
+  function patchRow(p) {
+    if (!Array.isArray(p) || !p[1] || typeof p[1] !== "object") { return; }
+    var tr = document.getElementById("ch-" + Number(p[0]));
+    if (!tr || !board() || !board().contains(tr)) { return; }
+    Object.keys(p[1]).forEach(function (i) {
+      var td = tr.cells[Number(i)];
+      if (td && Number(i) >= 1 && typeof p[1][i] === "string") { td.innerHTML = p[1][i]; }
+    });
+  }
   function notice(data) {
+    if (data.patch) { patchRow(data.patch); }
     if (data.sampled) { sampled(data.sampled.broker, data.sampled.at); }
     if (data.reload) { refresh(); }
     if (data.stopped) { liveStopped(data.stopped.reason); }

@@ -192,3 +192,54 @@ def test_rows_are_the_old_partials_rows_byte_for_byte() -> None:
             expected = partial.render(Context({"row": model_row, "oob": oob}))
             assert str(row_html(row, oob)) == expected
     assert rows_html(rows) == "".join(partial.render(Context({"row": r})) for r in model_rows)
+
+
+def _pushed(pk: int) -> str:
+    """The row as ``dashboard.live`` renders it for a push."""
+    from dashboard.board import make_row
+    from dashboard.board_data import load_rows
+    from dashboard.board_html import row_html
+
+    return str(row_html(make_row(load_rows([pk])[pk], timezone.now()), True))
+
+
+def test_a_row_patch_carries_the_changed_cells_only_escaped() -> None:
+    """Issue 29: a row whose numbers and evidence moved goes as a patch of those cells (the
+    server's escaped HTML, never the channel cell); a new state or flag, or a new name, goes as
+    the whole row."""
+    import json
+
+    from dashboard.consumers import row_patch
+
+    channel = _hostile_channel()
+    first = _pushed(channel.pk)
+    health = ChannelHealth.objects.get(channel=channel)
+    health.backlog, health.evidence = 1234999, [f"now {HOSTILE}"]
+    health.save()
+    second = _pushed(channel.pk)
+    patch = row_patch(channel.pk, first, second)
+    assert patch is not None and patch.startswith("<!--dlo {") and patch.endswith("}-->")
+    body = patch[len("<!--dlo ") : -len("-->")]
+    assert "<" not in body and ">" not in body  # JSON escapes: the comment cannot close early
+    pk, cells = json.loads(body)["patch"]
+    assert pk == channel.pk and set(cells) == {"1", "2"}  # the state cell's evidence, backlog
+    assert cells["2"] == "1,234,999"
+    assert "now &lt;script&gt;alert(&#x27;x&#x27;)&lt;/script&gt;&amp;" in cells["1"]
+    assert "<script>" not in cells["1"] and "\u202e" not in cells["1"]
+    # Each cell as the whole row has it: the page sets the cell to exactly this.
+    assert f">{cells['1']}</td>" in second and f">{cells['2']}</td>" in second
+    assert row_patch(channel.pk, first, first) == f'<!--dlo {{"patch":[{channel.pk},{{}}]}}-->'
+
+    health.state, health.severity = HealthState.STOPPED, SEVERITY[HealthState.STOPPED]
+    health.save()
+    assert row_patch(channel.pk, second, _pushed(channel.pk)) is None  # a new state: whole
+    health.state, health.severity = HealthState.STALLED, SEVERITY[HealthState.STALLED]
+    health.dlq_flags = []
+    health.save()
+    assert row_patch(channel.pk, second, _pushed(channel.pk)) is None  # a flag gone: whole
+    health.dlq_flags = ["dlq-nonempty"]
+    health.save()
+    channel.name = "Renamed <b>"
+    channel.save()
+    assert row_patch(channel.pk, second, _pushed(channel.pk)) is None  # a new name: whole
+    assert row_patch(1, "<tr><td>a</td></tr>", "<tr><td>b</td></tr>") is None  # not a board row

@@ -201,8 +201,8 @@ def _tr(pk: int, version: int, size: int = 100) -> str:
     return f'<tr id="ch-{pk}" hx-swap-oob="true"><td>v{version} {"x" * size}</td></tr>'
 
 
-async def _board(cookie: tuple[bytes, bytes]) -> WebsocketCommunicator:
-    communicator = WebsocketCommunicator(application, "/ws/board/", headers=[ORIGIN, HOST, cookie])
+async def _board(cookie: tuple[bytes, bytes], path: str = "/ws/board/") -> WebsocketCommunicator:
+    communicator = WebsocketCommunicator(application, path, headers=[ORIGIN, HOST, cookie])
     connected, _ = await communicator.connect()
     assert connected
     return communicator
@@ -538,5 +538,73 @@ def test_a_message_of_an_older_pusher_without_a_batch_id_still_arrives() -> None
         await layer.group_send(BOARD_GROUP, message)
         assert await communicator.receive_from(timeout=3) == _tr(1, 1)
         await communicator.disconnect()
+
+    run(scenario)
+
+
+def _board_row(pk: int, backlog: int) -> str:
+    """A row shaped as ``dashboard.board_html.row_html`` renders it (a name that needed
+    escaping)."""
+    return (
+        f'\n<tr id="ch-{pk}" class="row-ok" hx-swap-oob="true">\n'
+        f'<td data-label="Channel"><a href="/channels/c{pk}/">C &lt;img&gt; {pk}</a></td>\n'
+        '<td data-label="State"><span class="state state-ok">OK</span></td>\n'
+        f'<td class="n" data-label="Backlog">{backlog}</td>\n'
+        "</tr>\n"
+    )
+
+
+def _patch(pk: int, backlog: int) -> str:
+    return f'<!--dlo {{"patch":[{pk},{{"2":"{backlog}"}}]}}-->'
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_row_goes_as_a_patch_only_to_a_client_sent_the_version_it_starts_from(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 29: a row whose numbers moved goes as a patch of those cells to a client that was
+    sent its previous version; whole to a client that connected after that version (its page
+    has the row from HTTP, maybe older), and whole to a client that fell behind while the
+    version the patch starts from came and went."""
+    monkeypatch.setattr(consumers, "WINDOW_BYTES", 50)  # one patch in flight fills it
+    cookie = _cookie(make_user("vera", "viewer"))
+    layer = get_channel_layer()
+    pk = 9001
+
+    async def push(backlog: int) -> None:
+        await layer.group_send(BOARD_GROUP, _rows({pk: _board_row(pk, backlog)}))
+
+    async def received(communicator: WebsocketCommunicator, ack: bool = True) -> str:
+        frame = await communicator.receive_from(timeout=3)
+        if ack:
+            await communicator.send_to(text_data="ack")
+        return str(frame)
+
+    async def scenario() -> None:
+        early = await _board(cookie, "/ws/board/?patch=1")
+        older = await _board(cookie)  # a page of an older release: it does not apply patches
+        await push(1)
+        assert await received(early) == _board_row(pk, 1)
+        assert await received(older) == _board_row(pk, 1)
+        late = await _board(cookie, "/ws/board/?patch=1")  # connects after version 1
+        await push(2)
+        assert await received(early) == _patch(pk, 2)
+        assert await received(late) == _board_row(pk, 2)
+        assert await received(older) == _board_row(pk, 2)
+        await push(3)
+        assert await received(late) == _patch(pk, 3)  # it was sent version 2
+        assert await received(early, ack=False) == _patch(pk, 3)
+        await push(4)  # early is behind (nothing acknowledged): version 4 is not sent to it
+        assert await received(late) == _patch(pk, 4)
+        assert await early.receive_nothing(timeout=0.3)
+        await push(5)
+        assert await received(late) == _patch(pk, 5)
+        await early.send_to(text_data="ack")
+        assert await received(early) == _board_row(pk, 5)  # it never had version 4
+        assert await received(older) == _board_row(pk, 3)  # sent before 4 came: one in flight
+        assert await received(older) == _board_row(pk, 5)  # then its latest, whole
+        for communicator in (early, late, older):
+            assert await communicator.receive_nothing(timeout=0.3)
+            await communicator.disconnect()
 
     run(scenario)

@@ -246,6 +246,58 @@ def test_a_sample_time_in_a_frame_of_rows_moves_the_age_and_the_page_acks_once(
     tab.check_clean()
 
 
+def test_a_row_patch_sets_the_cells_and_a_hostile_name_stays_text(
+    journey: Any, rabbit: tuple[Any, str]
+) -> None:
+    """Issue 29: once the page holds a row pushed over its socket, a poll that moves only its
+    numbers (and evidence) sends a patch of those cells, not the row; the page sets them, and
+    the channel's hostile name, which a patch never carries, stays text."""
+    amqp, queue = rabbit
+    browser_user("otto", "oncall")
+    broker = make_broker(name="live-rabbit", url_env="DLO_BROKER_E2E_RABBITMQ_URL")
+    hostile = 'Live <img src=x onerror="window.__pwned=1"> "\'& <!--dlo {}-->'
+    channel = make_channel(
+        broker,
+        name=hostile,
+        slug="live-hostile",
+        address=queue,
+        dlq_address="",
+        poison_address="",
+        dlq_strategies=[],
+        alert_dlq_depth=None,
+    )
+    off_loop(do_poll_broker, broker.pk, force=True)
+    tab = journey("oncall-live-patch")
+    tab.sign_in("otto", PASSWORD)
+    tab.go("/channels/")
+    frames: list[str] = []
+
+    def watch(ws: Any) -> None:
+        if "/ws/board/" in ws.url:
+            ws.on("framereceived", lambda p: frames.append(p if isinstance(p, str) else p.decode()))
+
+    tab.page.on("websocket", watch)
+    tab.go("/")
+    tab.wait_until(lambda: tab.page.evaluate("document.getElementById('board').__dloOpen"))
+    row = tab.page.locator(f"#ch-{channel.pk}")
+    backlog = row.locator("td[data-label='Backlog']")
+    published = 0
+    for n in (4, 3):  # the first poll sends the row whole (its state changes), the next a patch
+        for i in range(n):
+            amqp.basic_publish("", queue, f'{{"n": {published + i}}}'.encode())
+        published += n
+        off_loop(do_poll_broker, broker.pk, force=True)
+        expect(backlog).to_have_text(str(published), timeout=10_000)
+    patches = [f for f in frames if f'<!--dlo {{"patch":[{channel.pk},' in f]
+    assert patches and all("<tr" not in f for f in patches), frames
+    assert f'data-label="Backlog">{published}</td>' not in "".join(patches)
+    expect(row.locator("td[data-label='Channel'] a")).to_have_text(hostile)
+    assert row.locator("img").count() == 0
+    assert tab.page.evaluate("() => window.__pwned === undefined")
+    assert tab.page.locator(f"#board-rows > tr#ch-{channel.pk}").count() == 1
+    tab.check_clean()
+
+
 def test_d_on_the_entries_list_puts_focus_in_the_reason_box(journey: Any) -> None:
     """Issue 26.3: after ``d`` the discard preview's reason box has the focus (it was <body>,
     twelve Tabs away)."""
