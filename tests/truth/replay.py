@@ -57,7 +57,7 @@ def start(run: Run) -> None:
         time.sleep(0.2)
     entries = list(DeadLetter.objects.filter(channel=run.channel))
     user, _ = User.objects.get_or_create(username="truth-oncall")
-    with mock.patch("dlq.actions._enqueue_plan"):
+    with mock.patch("dlq.plan_jobs.enqueue_relay"):
         plan = plan_for(entries, user, velocity=VELOCITY, reason="truth: replay in progress")
     run.extra["replay"] = ReplayRun(plan.pk, len(entries))
 
