@@ -17,7 +17,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -37,9 +37,42 @@ def _pg(dbname: str = "postgres") -> Any:
     return psycopg.connect(PG.rsplit("/", 1)[0] + "/" + dbname, autocommit=True)
 
 
+def fault_database(kind: str, url: str, address: str, queue: str) -> dict[str, Any]:
+    """A fresh PostgreSQL database migrated by a subprocess, with a ``kind`` broker at ``url``
+    and a channel ``fault`` on ``address`` whose DLQ is ``queue`` (the kill -9 tests of every
+    broker share it; ``drop_fault_database`` removes it)."""
+    db = f"{kind[:4]}_fault_{uuid.uuid4().hex[:8]}"
+    with _pg() as conn:
+        conn.execute(f'CREATE DATABASE "{db}"')
+    env = {
+        **os.environ,
+        "DATABASE_URL": PG.rsplit("/", 1)[0] + "/" + db,
+        "DATABASE_CONN_MAX_AGE": "0",
+        "DLO_BROKER_FAULT_URL": url,
+        "DJANGO_SETTINGS_MODULE": "dashboard.settings",
+    }
+    env.pop("DLO_TEST_CRASH_AFTER_COMMIT", None)
+    manage = [sys.executable, str(ROOT / "manage.py")]
+    subprocess.run([*manage, "migrate", "-v0"], env=env, cwd=ROOT, check=True)
+    setup = (
+        "from channels_registry.models import Broker, Channel;"
+        f"b = Broker.objects.create(name='fault', kind='{kind}', url_env='DLO_BROKER_FAULT_URL');"
+        f"Channel.objects.create(broker=b, name='Fault', slug='fault', address='{address}',"
+        f" dlq_address='{queue}', semantic='at-least-once', idempotency_source='message-id')"
+    )
+    subprocess.run([*manage, "shell", "-c", setup], env=env, cwd=ROOT, check=True)
+    return {"env": env, "db": db, "queue": queue, "manage": manage}
+
+
+def drop_fault_database(db: str) -> None:
+    with _pg() as conn:
+        conn.execute(f'ALTER DATABASE "{db}" ALLOW_CONNECTIONS true')
+        conn.execute(f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)')
+
+
 @pytest.fixture
 def fault_env() -> Iterator[dict[str, Any]]:
-    """A fresh PostgreSQL database migrated by a subprocess, a DLQ queue and a channel on it."""
+    """A fresh database and a channel whose RabbitMQ DLQ holds ``COUNT`` dead letters."""
     from tests.conftest import broker_required
 
     try:
@@ -49,34 +82,12 @@ def fault_env() -> Iterator[dict[str, Any]]:
         _pg().close()
     except Exception as exc:  # noqa: BLE001 - any connection failure means "not reachable"
         broker_required("RabbitMQ/PostgreSQL", exc)
-    db = f"h4_fault_{uuid.uuid4().hex[:8]}"
     queue = f"h4.fault.{uuid.uuid4().hex[:8]}.dlq"
-    with _pg() as conn:
-        conn.execute(f'CREATE DATABASE "{db}"')
-    env = {
-        **os.environ,
-        "DATABASE_URL": PG.rsplit("/", 1)[0] + "/" + db,
-        "DATABASE_CONN_MAX_AGE": "0",
-        "DLO_BROKER_FAULT_RABBIT_URL": AMQP_URL,
-        "DJANGO_SETTINGS_MODULE": "dashboard.settings",
-    }
-    env.pop("DLO_TEST_CRASH_AFTER_COMMIT", None)
-    manage = [sys.executable, str(ROOT / "manage.py")]
-    subprocess.run([*manage, "migrate", "-v0"], env=env, cwd=ROOT, check=True)
-    setup = (
-        "from channels_registry.models import Broker, Channel;"
-        "b = Broker.objects.create(name='fault', kind='rabbitmq',"
-        " url_env='DLO_BROKER_FAULT_RABBIT_URL');"
-        "Channel.objects.create(broker=b, name='Fault', slug='fault', address='fault.main',"
-        f" dlq_address='{queue}', semantic='at-least-once', idempotency_source='message-id')"
-    )
-    subprocess.run([*manage, "shell", "-c", setup], env=env, cwd=ROOT, check=True)
-    expected = _publish(queue)
-    yield {"env": env, "db": db, "queue": queue, "expected": expected, "manage": manage}
+    fault = fault_database("rabbitmq", AMQP_URL, "fault.main", queue)
+    fault["expected"] = _publish(queue)
+    yield fault
     _delete_queue(queue)
-    with _pg() as conn:
-        conn.execute(f'ALTER DATABASE "{db}" ALLOW_CONNECTIONS true')
-        conn.execute(f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)')
+    drop_fault_database(fault["db"])
 
 
 def _publish(queue: str) -> set[str]:
@@ -158,7 +169,7 @@ def _rows(db: str) -> int:
         return int(conn.execute("SELECT count(*) FROM dlq_deadletter").fetchone()[0])
 
 
-def _ingest(fault: dict[str, Any], **extra_env: str) -> subprocess.Popen[bytes]:
+def ingest_process(fault: dict[str, Any], **extra_env: str) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
         [*fault["manage"], "ingest", "--once", "--channel", "fault"],
         env={**fault["env"], **extra_env},
@@ -168,14 +179,15 @@ def _ingest(fault: dict[str, Any], **extra_env: str) -> subprocess.Popen[bytes]:
     )
 
 
-def _assert_complete(fault: dict[str, Any]) -> None:
+def assert_complete(fault: dict[str, Any], depth: Callable[[str, int], int] | None = None) -> None:
+    """Exactly ``COUNT`` distinct, byte-identical entries, and the DLQ empty."""
     with _pg(fault["db"]) as conn:
         rows = conn.execute("SELECT dedupe_key, body, body_sha256 FROM dlq_deadletter").fetchall()
     assert len(rows) == COUNT
     assert len({r[0] for r in rows}) == COUNT
     assert {hashlib.sha256(bytes(r[1])).hexdigest() for r in rows} == fault["expected"]
     assert all(hashlib.sha256(bytes(r[1])).hexdigest() == r[2] for r in rows)
-    assert _wait_depth(fault["queue"], 0) == 0
+    assert (depth or _wait_depth)(fault["queue"], 0) == 0
 
 
 def _run_to_completion(fault: dict[str, Any]) -> str:
@@ -200,7 +212,7 @@ def _wait_rows(db: str, proc: subprocess.Popen[bytes], at_least: int) -> int:
 
 
 def test_kill_9_at_a_random_point_loses_and_duplicates_nothing(fault_env: dict[str, Any]) -> None:
-    proc = _ingest(fault_env)
+    proc = ingest_process(fault_env)
     _wait_rows(fault_env["db"], proc, random.randint(1, 5000))
     time.sleep(random.uniform(0, 0.3))
     proc.send_signal(signal.SIGKILL)
@@ -211,11 +223,11 @@ def test_kill_9_at_a_random_point_loses_and_duplicates_nothing(fault_env: dict[s
     # The broker still has everything not acknowledged (at least what was not committed).
     assert _wait_depth(fault_env["queue"], -1, timeout=2) >= COUNT - killed_at
     _run_to_completion(fault_env)
-    _assert_complete(fault_env)
+    assert_complete(fault_env)
 
 
 def test_crash_between_commit_and_ack_is_deduplicated(fault_env: dict[str, Any]) -> None:
-    proc = _ingest(fault_env, DLO_TEST_CRASH_AFTER_COMMIT="1")
+    proc = ingest_process(fault_env, DLO_TEST_CRASH_AFTER_COMMIT="1")
     proc.wait(timeout=120)
     assert proc.returncode == 137
     committed = _rows(fault_env["db"])
@@ -223,12 +235,12 @@ def test_crash_between_commit_and_ack_is_deduplicated(fault_env: dict[str, Any])
     assert _wait_depth(fault_env["queue"], COUNT) == COUNT  # ... and none acknowledged
     out = _run_to_completion(fault_env)
     assert f"{COUNT} fetched, {COUNT - committed} new, {committed} duplicates" in out
-    _assert_complete(fault_env)
+    assert_complete(fault_env)
 
 
 def test_database_lost_mid_drain_acks_nothing_uncommitted(fault_env: dict[str, Any]) -> None:
     db = fault_env["db"]
-    proc = _ingest(fault_env)
+    proc = ingest_process(fault_env)
     _wait_rows(db, proc, 1000)
     with _pg() as conn:  # the database goes away under the ingester
         conn.execute(f'ALTER DATABASE "{db}" ALLOW_CONNECTIONS false')
@@ -244,4 +256,4 @@ def test_database_lost_mid_drain_acks_nothing_uncommitted(fault_env: dict[str, A
     # Only committed batches were acknowledged: the broker kept every other message.
     assert _wait_depth(fault_env["queue"], COUNT - committed) == COUNT - committed
     _run_to_completion(fault_env)
-    _assert_complete(fault_env)
+    assert_complete(fault_env)

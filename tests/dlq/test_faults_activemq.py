@@ -10,11 +10,8 @@ whose ack never arrived is redelivered with the same JMS message id (the same de
 from __future__ import annotations
 
 import hashlib
-import os
 import random
 import signal
-import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -24,7 +21,17 @@ import pytest
 
 from brokers.activemq import ActiveMQAdapter
 from brokers.base import Address, OutgoingMessage
-from tests.dlq.test_faults import COUNT, PG, ROOT, _pg, _rows, _run_to_completion, _wait_rows
+from tests.dlq.test_faults import (
+    COUNT,
+    _pg,
+    _rows,
+    _run_to_completion,
+    _wait_rows,
+    assert_complete,
+    drop_fault_database,
+    fault_database,
+    ingest_process,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.broker, pytest.mark.timeout(600)]
 
@@ -73,64 +80,23 @@ def fault_env() -> Iterator[dict[str, Any]]:
         _pg().close()
     except Exception as exc:  # noqa: BLE001 - any connection failure means "not reachable"
         broker_required("ActiveMQ/PostgreSQL", exc)
-    db = f"amq_fault_{uuid.uuid4().hex[:8]}"
     queue = f"DLQ.activemq.fault.{uuid.uuid4().hex[:8]}"
-    with _pg() as conn:
-        conn.execute(f'CREATE DATABASE "{db}"')
-    env = {
-        **os.environ,
-        "DATABASE_URL": PG.rsplit("/", 1)[0] + "/" + db,
-        "DATABASE_CONN_MAX_AGE": "0",
-        "DLO_BROKER_FAULT_ACTIVEMQ_URL": URL,
-        "DJANGO_SETTINGS_MODULE": "dashboard.settings",
-    }
-    env.pop("DLO_TEST_CRASH_AFTER_COMMIT", None)
-    manage = [sys.executable, str(ROOT / "manage.py")]
-    subprocess.run([*manage, "migrate", "-v0"], env=env, cwd=ROOT, check=True)
-    setup = (
-        "from channels_registry.models import Broker, Channel;"
-        "b = Broker.objects.create(name='fault', kind='activemq',"
-        " url_env='DLO_BROKER_FAULT_ACTIVEMQ_URL');"
-        "Channel.objects.create(broker=b, name='Fault', slug='fault', address='activemq.fault',"
-        f" dlq_address='{queue}', semantic='at-least-once', idempotency_source='message-id')"
-    )
-    subprocess.run([*manage, "shell", "-c", setup], env=env, cwd=ROOT, check=True)
-    expected = _publish(queue)
-    yield {"env": env, "db": db, "queue": queue, "expected": expected, "manage": manage}
+    fault = fault_database("activemq", URL, "activemq.fault", queue)
+    fault["expected"] = _publish(queue)
+    yield fault
     with ADAPTER.drain(Address(queue)) as session:  # leave nothing behind (bounded)
         for _ in range(COUNT // 100):
             batch = session.fetch(500, wait_s=1.0)
             if not batch:
                 break
             session.ack(batch)
-    with _pg() as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)')
-
-
-def _ingest(fault: dict[str, Any], **extra_env: str) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        [*fault["manage"], "ingest", "--once", "--channel", "fault"],
-        env={**fault["env"], **extra_env},
-        cwd=ROOT,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-
-
-def _assert_complete(fault: dict[str, Any]) -> None:
-    with _pg(fault["db"]) as conn:
-        rows = conn.execute("SELECT dedupe_key, body, body_sha256 FROM dlq_deadletter").fetchall()
-    assert len(rows) == COUNT
-    assert len({r[0] for r in rows}) == COUNT
-    assert {hashlib.sha256(bytes(r[1])).hexdigest() for r in rows} == fault["expected"]
-    assert all(hashlib.sha256(bytes(r[1])).hexdigest() == r[2] for r in rows)
-    assert _wait_depth(fault["queue"], 0) == 0
+    drop_fault_database(fault["db"])
 
 
 def test_activemq_kill_9_at_a_random_point_loses_and_duplicates_nothing(
     fault_env: dict[str, Any],
 ) -> None:
-    proc = _ingest(fault_env)
+    proc = ingest_process(fault_env)
     _wait_rows(fault_env["db"], proc, random.randint(1, 5000))
     time.sleep(random.uniform(0, 0.3))
     proc.send_signal(signal.SIGKILL)
@@ -141,11 +107,11 @@ def test_activemq_kill_9_at_a_random_point_loses_and_duplicates_nothing(
     # Everything not acknowledged is back on the broker (at least what was not committed).
     assert _wait_depth(fault_env["queue"], -1, timeout=2) >= COUNT - killed_at
     _run_to_completion(fault_env)
-    _assert_complete(fault_env)
+    assert_complete(fault_env, _wait_depth)
 
 
 def test_activemq_crash_between_commit_and_ack_is_deduplicated(fault_env: dict[str, Any]) -> None:
-    proc = _ingest(fault_env, DLO_TEST_CRASH_AFTER_COMMIT="1")
+    proc = ingest_process(fault_env, DLO_TEST_CRASH_AFTER_COMMIT="1")
     proc.wait(timeout=120)
     assert proc.returncode == 137
     committed = _rows(fault_env["db"])
@@ -153,4 +119,4 @@ def test_activemq_crash_between_commit_and_ack_is_deduplicated(fault_env: dict[s
     assert _wait_depth(fault_env["queue"], COUNT) == COUNT  # ... and none acknowledged
     out = _run_to_completion(fault_env)
     assert f"{COUNT} fetched, {COUNT - committed} new, {committed} duplicates" in out
-    _assert_complete(fault_env)
+    assert_complete(fault_env, _wait_depth)
