@@ -216,8 +216,6 @@ SCENARIOS: tuple[Scenario, ...] = (
         " 503 mix: retries by a consumer making progress, not poison",
         start=_heavy_retries,
         expect=_healthy,
-        # ActiveMQ's traffic class retries one message in ``retry_every`` only (issue 28 left).
-        kinds=("rabbitmq", "redis", "nats"),
     ),
     Scenario(
         "backlog",
@@ -293,8 +291,6 @@ SCENARIOS: tuple[Scenario, ...] = (
         check=r.check,
         settle=r.finish,
         warmup_polls=0,
-        # ActiveMQ has no dead-letter producer in the traffic class yet (issue 28 left).
-        kinds=("rabbitmq", "redis", "nats"),
     ),
     Scenario(
         "no-management",

@@ -32,6 +32,8 @@ VELOCITY = 15.0
 SLICE_S = 0.6
 #: The end: the relay finishes the plan, the consumer receives every confirmed replay (bounded).
 FINISH_S = 60.0
+#: A plan the relay has not closed yet.
+_OPEN = {PlanStatus.QUEUED, PlanStatus.RUNNING, PlanStatus.WAITING}
 
 
 @dataclasses.dataclass
@@ -106,7 +108,9 @@ def finish(run: Run) -> list[str]:
     confirmed, each once (bounded); the numbers were compared mid-replay at least twice."""
     state: ReplayRun = run.extra["replay"]
     deadline = time.monotonic() + FINISH_S
-    while relay_running(state) and time.monotonic() < deadline:
+    # Until the relay has closed the plan, not merely confirmed its last item: the slice that
+    # confirms the last batch may end before the relay's next round marks the plan done.
+    while relay_status(state) in _OPEN and time.monotonic() < deadline:
         relay.run_plan(state.plan_id, max_seconds=2.0)
     problems = []
     plan_status = relay_status(state)

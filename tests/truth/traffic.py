@@ -653,6 +653,7 @@ class ActiveMQ:
 
         traffic.cleanups.append(delete)
         self.traffic = traffic
+        self.replayed: set[str] = set()
 
     def produce(self, rate: float) -> Worker:
         def body(stop: threading.Event) -> None:
@@ -673,8 +674,29 @@ class ActiveMQ:
                 app.conn.send(f"/queue/{queue}", f"dead {n}", headers=headers)
             time.sleep(0.5)  # the last receipt's way back; the sends are stored in order
 
+    def dead_letters(self, count: int) -> None:
+        """``count`` dead letters in the work queue's ``DLQ.<queue>``, named after their origin
+        as the broker names one it dead-letters (``original-destination``)."""
+        with _stomp_app() as app:
+            for n in range(count):
+                headers = {
+                    "persistent": "true",
+                    "original-destination": f"/queue/{self.queue}",
+                    "Idempotency-Key": f"dead-{n}",
+                    "content-type": "application/json",
+                    **({"receipt": "dead-last"} if n == count - 1 else {}),
+                }
+                app.conn.send(f"/queue/{self.dlq}", f'{{"order": {n}}}', headers=headers)
+            time.sleep(0.5)  # the last receipt's way back; the sends are stored in order
+
     def consume(
-        self, mode: str = "ack", *, delay_s: float = 0.0, retry_every: int = 5, prefetch: int = 10
+        self,
+        mode: str = "ack",
+        *,
+        delay_s: float = 0.0,
+        retry_every: int = 5,
+        retries: int = 1,
+        prefetch: int = 10,
     ) -> Worker:
         def body(stop: threading.Event) -> None:
             with _stomp_app() as app:
@@ -700,7 +722,8 @@ class ActiveMQ:
                     if delay_s:
                         stop.wait(delay_s)
                     redelivered = frame.headers.get("redelivered") == "true"
-                    if mode == "retry" and n % retry_every == 1 and not redelivered:
+                    retried = _retried(n, retry_every, retries)
+                    if mode == "retry" and retried and not redelivered:
                         # Retried a second later, the broker's way: re-sent with a delay.
                         app.conn.send(
                             f"/queue/{self.queue}",
@@ -708,6 +731,9 @@ class ActiveMQ:
                             headers={"persistent": "true", "AMQ_SCHEDULED_DELAY": "1000"},
                         )
                     app.conn.ack(frame.headers["ack"])
+                    replay_id = frame.headers.get(REPLAY_ID)
+                    if replay_id:
+                        self.replayed.add(str(replay_id))
 
         return self.traffic.start(body, f"activemq-consume-{mode}")
 
