@@ -300,7 +300,10 @@ class RabbitMQAdapter(BrokerAdapter):
                 backlog=_int(m.get("rabbitmq_detailed_queue_messages_ready")),
                 in_flight=_int(m.get("rabbitmq_detailed_queue_messages_unacked")),
                 retained=_int(m.get("rabbitmq_detailed_queue_messages")),
-                consumers=_int(m.get("rabbitmq_detailed_queue_consumers")),
+                consumers=_counted_consumers(
+                    _int(m.get("rabbitmq_detailed_queue_consumers")),
+                    _int(m.get("rabbitmq_detailed_queue_messages_unacked")),
+                ),
                 oldest_message_age_s=_age(
                     m.get("rabbitmq_detailed_queue_head_message_timestamp"), now
                 ),
@@ -363,7 +366,9 @@ class RabbitMQAdapter(BrokerAdapter):
                 stats[address] = ChannelStats(address, exists=bool(errors), observed_at=now)
                 continue
             ms = q.get("message_stats") or {}
-            consumers = _int(q.get("consumers"))
+            consumers = _counted_consumers(
+                _int(q.get("consumers")), _int(q.get("messages_unacknowledged"))
+            )
             stats[address] = ChannelStats(
                 address,
                 backlog=_int(q.get("messages_ready")),
@@ -986,6 +991,18 @@ def _age(head_timestamp: float | None, now: float) -> float | None:
     if head_timestamp is None or head_timestamp != head_timestamp or head_timestamp <= 0:
         return None
     return max(0.0, now - head_timestamp)
+
+
+def _counted_consumers(consumers: int | None, unacked: int | None) -> int | None:
+    """The statistics' consumer count, or None (unknown) where the same statistics contradict
+    it. RabbitMQ returns a closed channel's unacknowledged messages to the queue at once, so
+    unacknowledged messages mean a live channel holds them: a consumer the statistics have not
+    counted yet (the management agent collects the consumer count and the message counts
+    separately, up to one statistics interval apart, seen on a new queue) or a ``basic.get``
+    poller, which no consumer count includes. Neither is "no consumer"."""
+    if consumers == 0 and unacked:
+        return None
+    return consumers
 
 
 def _active_consumers(queue: dict[str, Any], consumers: int | None) -> int | None:

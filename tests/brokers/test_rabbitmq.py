@@ -185,6 +185,28 @@ def test_poll_reports_exact_ready_unacked_and_consumers(
         assert stats.retained is None if path == "passive" else stats.retained == 5
 
 
+@pytest.mark.parametrize("path", ["prometheus", "management"])
+def test_poll_with_a_basic_get_poller_holding_messages_does_not_say_no_consumer(
+    path: str, rabbit_queue: Callable[..., str], rabbit_conn: pika.BlockingConnection
+) -> None:
+    """A client polling with basic.get holds unacknowledged messages and is in no consumer
+    count; RabbitMQ would have requeued them had its channel closed. The statistics' 0 is
+    contradicted by their own unacknowledged count: unknown, not "no consumer" (the board
+    called such a queue STOPPED)."""
+    queue = rabbit_queue("poller")
+    rabbit_publish(rabbit_conn, queue, [b"m%d" % i for i in range(4)])
+    poller = rabbit_conn.channel()
+    for _ in range(2):
+        method, _props, _body = poller.basic_get(queue, auto_ack=False)
+        assert method is not None
+    stats = wait_for_stats(adapter_for(path), Address(queue), {"backlog": 2, "in_flight": 2})
+    assert stats.consumers is None
+    assert stats.active_consumers is None
+    poller.close()  # the broker requeues both: now 0 is the truth again
+    stats = wait_for_stats(adapter_for(path), Address(queue), {"backlog": 4, "in_flight": 0})
+    assert stats.consumers == 0
+
+
 @pytest.mark.parametrize("path", ["prometheus", "management", "passive"])
 def test_poll_missing_queue_does_not_exist(path: str, rabbit_available: None) -> None:
     missing = Address(f"dlo-test-missing-{uuid.uuid4().hex}")
