@@ -161,7 +161,7 @@ def waiting_to_retry(
     say. RabbitMQ: the declared TTL retry queue's messages (sampled with the channel's other
     queues); Redis: the group's pending entries; NATS: unknown — JetStream counts a message
     ``nak``-ed with a delay and one in processing alike, so the ack-pending count only bounds
-    it."""
+    it; ActiveMQ: unknown (the retries wait in the client or the broker's scheduler)."""
     main = stats.get(addresses.main)
     if kind == BrokerKind.RABBITMQ:
         if not addresses.retry:
@@ -178,6 +178,11 @@ def waiting_to_retry(
         if main is not None and main.exists and main.in_flight is not None:
             return main.in_flight, ""
         return None, "the group's pending entries were not read"
+    if kind == BrokerKind.ACTIVEMQ:
+        return None, (
+            "ActiveMQ retries from the client (a JMS RedeliveryPolicy, or a re-send the"
+            " broker's scheduler holds): no queue statistic counts them"
+        )
     bound = ""
     if main is not None and main.exists and main.in_flight is not None:
         bound = f"; at most {main.in_flight:,} (awaiting ack)"

@@ -40,6 +40,11 @@ How each broker settles a decision:
   message whose budget is spent is copied to the DLQ stream and ``nak``-ed one last time, so
   the server's ``max_deliver`` (= the budget) gives up on it and publishes MAX_DELIVERIES.
   The dashboard ingests those advisories (see brokers/nats_jetstream.py).
+- ActiveMQ Classic (STOMP): retry = re-send with ``AMQ_SCHEDULED_DELAY`` (the broker's
+  scheduler holds the copy for the backoff), then ack. Dead letter = as a JMS consumer gives up:
+  NACK, and ActiveMQ dead-letters the message into its DLQ (the marked-copy dance of RabbitMQ
+  carries the reason headers). Poison = send to the poison queue. Every send and ack waits for
+  its STOMP receipt.
 
 Every store here is bounded: the dedup store by TTL and size, the ledger is two counters.
 No Django imports: the links take plain addresses.
@@ -50,6 +55,7 @@ from __future__ import annotations
 import abc
 import asyncio
 import collections
+import contextlib
 import dataclasses
 import datetime as dt
 import enum
@@ -756,3 +762,243 @@ class NatsConsumerLink(ConsumerLink):
             self._loop.run(shutdown())
         finally:
             self._loop.close()
+
+
+class StompClient:
+    """A stomp.py connection to ActiveMQ with bounded waits (stomp.py's own are not): frames,
+    receipts and errors reach this listener and are waited for here, on one condition, each
+    wait bounded by ``timeout``. One subscription at most (the demo needs no more)."""
+
+    def __init__(self, url: str, timeout: float) -> None:
+        import urllib.parse
+
+        import stomp
+
+        parts = urllib.parse.urlsplit(url)
+        self.host, self.port = parts.hostname or "127.0.0.1", parts.port or 61613
+        self.timeout = timeout
+        self.cond = threading.Condition()
+        self.connected = self.lost = False
+        self.error: str | None = None
+        self.refused: dict[str, str] = {}
+        self.receipts: set[str] = set()
+        self.frames: collections.deque[Any] = collections.deque()
+        self._receipt = 0
+        self.conn = stomp.Connection12(
+            [(self.host, self.port)],
+            heartbeats=(0, 0),
+            auto_decode=False,
+            timeout=timeout,
+            reconnect_attempts_max=1,
+        )
+        if parts.scheme in ("stomp+ssl", "stomp+tls"):
+            self.conn.set_ssl([(self.host, self.port)])
+        self.conn.set_listener("demo", self)
+        user = urllib.parse.unquote(parts.username) if parts.username else None
+        password = urllib.parse.unquote(parts.password) if parts.password else None
+        try:
+            self.conn.connect(user, password, wait=False, headers={"host": self.host})
+            self._wait(lambda: self.connected, "connect")
+        except BaseException:
+            self.close()
+            raise
+
+    # stomp.py's receiver thread
+    def on_connected(self, frame: Any) -> None:
+        with self.cond:
+            self.connected = True
+            self.cond.notify_all()
+
+    def on_error(self, frame: Any) -> None:
+        text = str(frame.headers.get("message") or "ERROR frame")[:300]
+        with self.cond:
+            receipt = frame.headers.get("receipt-id")
+            if receipt:
+                self.refused[receipt] = text
+            else:
+                self.error = text
+            self.cond.notify_all()
+
+    def on_disconnected(self) -> None:
+        with self.cond:
+            self.lost = True
+            self.cond.notify_all()
+
+    def on_receipt(self, frame: Any) -> None:
+        with self.cond:
+            self.receipts.add(frame.headers.get("receipt-id", ""))
+            self.cond.notify_all()
+
+    def on_message(self, frame: Any) -> None:
+        with self.cond:
+            self.frames.append(frame)
+            self.cond.notify_all()
+
+    # the caller's side
+    def _broken(self) -> None:
+        if self.error is not None:
+            raise ConnectionError(f"ActiveMQ: {self.error}")
+        if self.lost:
+            raise ConnectionError("ActiveMQ: connection closed")
+
+    def _wait(self, ready: Callable[[], bool], action: str) -> None:
+        deadline = time.monotonic() + self.timeout
+        with self.cond:
+            while not ready():
+                self._broken()
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise TimeoutError(f"ActiveMQ: no answer to {action} in {self.timeout:g} s")
+                self.cond.wait(remaining)
+
+    def confirmed(self, action: str, call: Callable[[dict[str, str]], None]) -> None:
+        """Run ``call`` with a receipt header and wait (bounded) for the broker's receipt."""
+        with self.cond:
+            self._broken()
+            self._receipt += 1
+            receipt = f"demo-{self._receipt}"
+        call({"receipt": receipt})
+        self._wait(lambda: receipt in self.receipts or receipt in self.refused, action)
+        with self.cond:
+            self.receipts.discard(receipt)
+            refused = self.refused.pop(receipt, None)
+        if refused is not None:
+            raise ConnectionError(f"ActiveMQ refused {action}: {refused}")
+
+    def send(self, queue: str, body: bytes, headers: Mapping[str, str]) -> None:
+        """A persistent send, confirmed by the broker's receipt (it has stored it)."""
+        sent = {**headers, "persistent": "true"}
+        self.confirmed(
+            f"send to {queue}",
+            lambda r: self.conn.send(f"/queue/{queue}", body, headers={**sent, **r}),
+        )
+
+    def subscribe(self, queue: str, ack: str, **headers: str) -> None:
+        self.confirmed(
+            f"subscribe to {queue}",
+            lambda r: self.conn.subscribe(
+                f"/queue/{queue}", "demo", ack=ack, headers={**headers, **r}
+            ),
+        )
+
+    def receive(self, max_n: int, wait_s: float) -> list[Any]:
+        """Up to ``max_n`` frames, waiting at most ``wait_s`` for the first."""
+        deadline = time.monotonic() + wait_s
+        with self.cond:
+            while not self.frames:
+                self._broken()
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return []
+                self.cond.wait(remaining)
+            return [self.frames.popleft() for _ in range(min(max_n, len(self.frames)))]
+
+    def ack(self, frame: Any) -> None:
+        self.confirmed("ack", lambda r: self.conn.ack(frame.headers["ack"], receipt=r["receipt"]))
+
+    def nack(self, frame: Any) -> None:
+        self.confirmed("nack", lambda r: self.conn.nack(frame.headers["ack"], receipt=r["receipt"]))
+
+    def close(self) -> None:
+        """Disconnect (bounded); unacknowledged messages go back to the broker."""
+        with contextlib.suppress(Exception):
+            if self.connected and not self.lost and self.error is None:
+                self.conn.disconnect()
+                with self.cond:
+                    self.cond.wait_for(lambda: self.lost, timeout=min(1.0, self.timeout))
+        with contextlib.suppress(Exception):
+            self.conn.transport.disconnect_socket()
+        with contextlib.suppress(Exception):
+            self.conn.remove_listener("demo")
+
+
+#: What a STOMP frame from ActiveMQ carries besides the application's properties: the frame's
+#: own bookkeeping, the JMS headers the broker sets, and the scheduler's (a re-sent copy gets
+#: a delay of its own, never the one its original was scheduled with).
+STOMP_OWN_HEADERS = frozenset(
+    {
+        "ack",
+        "subscription",
+        "destination",
+        "message-id",
+        "persistent",
+        "priority",
+        "expires",
+        "timestamp",
+        "content-length",
+        "redelivered",
+        "receipt",
+        "original-destination",
+        "scheduledJobId",
+        "AMQ_SCHEDULED_DELAY",
+        "AMQ_SCHEDULED_PERIOD",
+        "AMQ_SCHEDULED_REPEAT",
+        "AMQ_SCHEDULED_CRON",
+    }
+)
+
+
+class ActiveMQConsumerLink(ConsumerLink):
+    """Work queue → (scheduled re-send | NACK of a marked copy | poison queue), each confirmed
+    by a receipt, then the ack (with a receipt).
+
+    - Retry: the copy (reason headers, ``x-retry-count``) is re-sent with
+      ``AMQ_SCHEDULED_DELAY`` = the backoff (the broker's scheduler holds it), then the
+      original is acked. STOMP has no redelivery policy: the budget is counted in the header.
+    - Dead letter: as a JMS consumer gives up, by NACK, so ActiveMQ itself dead-letters the
+      message into the queue's DLQ. A NACK cannot add headers, so (as on RabbitMQ) the copy
+      with the reason headers and a marker is sent back to the work queue first (confirmed,
+      then the original acked), and the marked copy is NACKed when it arrives.
+    - Poison: sent to the poison queue (confirmed), then acked.
+    """
+
+    DEAD_LETTER_MARK = RabbitMQConsumerLink.DEAD_LETTER_MARK
+    REPLAY_HEADER = RabbitMQConsumerLink.REPLAY_HEADER
+
+    def __init__(
+        self, url: str, *, queue: str, poison_queue: str, prefetch: int, timeout: float
+    ) -> None:
+        self.queue, self.poison_queue = queue, poison_queue
+        self.stomp = StompClient(url, timeout)
+        self.nacked = 0  # dead letters handed to the broker's dead-lettering
+        try:
+            self.stomp.subscribe(
+                queue, "client-individual", **{"activemq.prefetchSize": str(prefetch)}
+            )
+        except BaseException:
+            self.stomp.close()
+            raise
+
+    def receive(self, max_n: int, wait_s: float) -> list[Delivery]:
+        out: list[Delivery] = []
+        for frame in self.stomp.receive(max_n, wait_s):
+            headers = {
+                k: v for k, v in _text_headers(frame.headers).items() if k not in STOMP_OWN_HEADERS
+            }
+            mark = headers.get(self.DEAD_LETTER_MARK)
+            if mark is not None and mark == headers.get(self.REPLAY_HEADER, "-"):
+                # The reason is on it: NACK it, and ActiveMQ dead-letters it.
+                self.stomp.nack(frame)
+                self.nacked += 1
+                continue
+            retries = headers.get("x-retry-count", "0")
+            attempt = (int(retries) if retries.isdigit() else 0) + 1
+            body = frame.body if isinstance(frame.body, bytes) else str(frame.body).encode()
+            out.append(Delivery(body=body, headers=headers, attempt=attempt, token=frame))
+        return out
+
+    def settle(self, delivery: Delivery, decision: Decision) -> None:
+        if decision.route == Route.RETRY:
+            delay = str(max(1, round(decision.delay_s * 1000)))
+            headers = {**decision.headers, "AMQ_SCHEDULED_DELAY": delay}
+            self.stomp.send(self.queue, delivery.body, headers)
+        elif decision.route == Route.DEAD_LETTER:
+            mark = delivery.headers.get(self.REPLAY_HEADER, "-")
+            headers = {**decision.headers, self.DEAD_LETTER_MARK: mark}
+            self.stomp.send(self.queue, delivery.body, headers)
+        elif decision.route == Route.POISON:
+            self.stomp.send(self.poison_queue, delivery.body, decision.headers)
+        self.stomp.ack(delivery.token)
+
+    def close(self) -> None:
+        self.stomp.close()

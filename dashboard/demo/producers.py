@@ -8,7 +8,7 @@ within the retry budget; some that exhaust it; and duplicates (the same message 
 as an at-least-once producer does after a lost confirm), which the consumers' dedup absorbs.
 
 Publishing is confirmed on every broker (RabbitMQ publisher confirms + ``mandatory``; Redis
-``XADD`` reply; JetStream ``PubAck``) and bounded by the link's timeout.
+``XADD`` reply; JetStream ``PubAck``; an ActiveMQ STOMP receipt) and bounded by the link's timeout.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from dashboard.demo.consumers import (
     SCHEMA_HEADER,
     SCHEMA_VERSION,
     PrivateLoop,
+    StompClient,
     nats_connect,
 )
 
@@ -221,3 +222,17 @@ class NatsProducerLink(ProducerLink):
             self._loop.run(shutdown())
         finally:
             self._loop.close()
+
+
+class ActiveMQProducerLink(ProducerLink):
+    """Persistent STOMP sends to an ActiveMQ queue, each confirmed by its receipt."""
+
+    def __init__(self, url: str, *, queue: str, timeout: float) -> None:
+        self.client = StompClient(url, timeout)
+        self.queue = queue
+
+    def send(self, message: Outgoing) -> None:
+        self.client.send(self.queue, message.body, message.headers)
+
+    def close(self) -> None:
+        self.client.close()

@@ -17,6 +17,7 @@ import contextlib
 import dataclasses
 import os
 import re
+import time
 from typing import Any
 
 import httpx
@@ -27,16 +28,22 @@ from brokers.base import Address, BrokerError
 from brokers.nats_jetstream import ADVISORY_STREAM, drain_consumer_name
 from channels_registry.actions import do_save_broker, do_save_channel
 from channels_registry.models import Broker, BrokerKind, Channel, redact_url
-from dashboard.demo.consumers import nats_connect
+from dashboard.demo.consumers import StompClient, nats_connect
 
 #: kind → (URL variable, default URL): where the demo looks for each broker.
 URL_ENV: dict[str, tuple[str, str]] = {
     BrokerKind.RABBITMQ: ("DEMO_RABBITMQ_URL", "amqp://guest:guest@127.0.0.1:5672/%2F"),
     BrokerKind.REDIS: ("DEMO_REDIS_URL", "redis://127.0.0.1:6379/0"),
     BrokerKind.NATS: ("DEMO_NATS_URL", "nats://127.0.0.1:4222"),
+    BrokerKind.ACTIVEMQ: ("DEMO_ACTIVEMQ_URL", "stomp://127.0.0.1:61613"),
 }
 MANAGEMENT_ENV = ("DEMO_RABBITMQ_MANAGEMENT_URL", "http://127.0.0.1:15672")
-KINDS = (BrokerKind.RABBITMQ, BrokerKind.REDIS, BrokerKind.NATS)
+KINDS = (BrokerKind.RABBITMQ, BrokerKind.REDIS, BrokerKind.NATS, BrokerKind.ACTIVEMQ)
+#: ActiveMQ: the demo's queue name starts with this, so that the project's broker configuration
+#: (tests/activemq/activemq.xml: ``individualDeadLetterStrategy`` for ``indiv.>``) gives it a
+#: DLQ of its own, ``DLQ.<queue>``: one dead-letter address per channel (P5), not the shared
+#: ``ActiveMQ.DLQ``.
+ACTIVEMQ_INDIVIDUAL_PREFIX = "indiv."
 PREFIX_RE = re.compile(r"^[a-z][a-z0-9]{0,19}$")
 
 RETRY_MAX_ATTEMPTS = 4
@@ -91,6 +98,9 @@ def names_for(prefix: str, kind: str) -> Names:
         return Names(
             **base, address=s, group="orders-workers", dlq=f"{s}:dlq", poison=f"{s}:poison"
         )
+    if kind == BrokerKind.ACTIVEMQ:
+        q = f"{ACTIVEMQ_INDIVIDUAL_PREFIX}{prefix}.orders"
+        return Names(**base, address=q, group="", dlq=f"DLQ.{q}", poison=f"{prefix}.orders.poison")
     s = f"{prefix.upper()}_ORDERS"
     return Names(
         **base,
@@ -123,9 +133,9 @@ class Found:
     def describe(self) -> str:
         where = redact_url(self.url)
         if not self.reachable:
-            return f"{self.label:<15} not found at {where} ({self.detail})"
+            return f"{self.label:<16} not found at {where} ({self.detail})"
         extra = f" ({self.detail})" if self.detail else ""
-        return f"{self.label:<15} found at {where}{extra}"
+        return f"{self.label:<16} found at {where}{extra}"
 
 
 def detect(timeout: float) -> list[Found]:
@@ -293,6 +303,7 @@ def create_topology(found: Found, names: Names, timeout: float) -> None:
             BrokerKind.RABBITMQ: _rabbitmq_create,
             BrokerKind.REDIS: _redis_create,
             BrokerKind.NATS: _nats_create,
+            BrokerKind.ACTIVEMQ: _activemq_create,
         }[BrokerKind(found.kind)](found.url, names, timeout)
     except TopologyError:
         raise
@@ -309,6 +320,7 @@ def teardown_topology(found: Found, names: Names, timeout: float) -> None:
         BrokerKind.RABBITMQ: _rabbitmq_delete,
         BrokerKind.REDIS: _redis_delete,
         BrokerKind.NATS: _nats_delete,
+        BrokerKind.ACTIVEMQ: _activemq_delete,
     }[BrokerKind(found.kind)](found.url, names, timeout)
 
 
@@ -486,3 +498,37 @@ def _nats_delete(url: str, names: Names, timeout: float) -> None:
                 await js.delete_consumer(ADVISORY_STREAM, durable + suffix)
 
     _run_nats(url, timeout, work)
+
+
+def _activemq_create(url: str, names: Names, timeout: float) -> None:
+    """The work queue and the poison queue (a subscription creates a queue, as a declare does;
+    ActiveMQ creates the DLQ with its first dead letter, and the poller reads an absent DLQ as
+    empty). Which DLQ a queue gets is the broker's configuration, not readable over STOMP: see
+    ``ACTIVEMQ_INDIVIDUAL_PREFIX``."""
+    client = StompClient(url, timeout)
+    try:
+        for queue in (names.address, names.poison):
+            client.subscribe(queue, "client-individual", **{"activemq.prefetchSize": "0"})
+            client.confirmed(
+                f"unsubscribe from {queue}", lambda r: client.conn.unsubscribe("demo", headers=r)
+            )
+    finally:
+        client.close()
+
+
+def _activemq_delete(url: str, names: Names, timeout: float) -> None:
+    """STOMP cannot delete a queue: the demo's three are emptied (bounded: until one is idle
+    for a second, 30 s at most each); the broker removes empty unused queues by itself."""
+    client = StompClient(url, timeout)
+    try:
+        for queue in (names.address, names.dlq, names.poison):
+            client.subscribe(queue, "auto")
+            end = time.monotonic() + 30.0
+            while time.monotonic() < end and client.receive(500, 1.0):
+                pass
+            client.confirmed(
+                f"unsubscribe from {queue}", lambda r: client.conn.unsubscribe("demo", headers=r)
+            )
+            client.frames.clear()
+    finally:
+        client.close()

@@ -14,6 +14,8 @@ from django.core.management import call_command
 
 from audit.actions import Actor
 from audit.models import AuditEvent
+from brokers.activemq import ActiveMQAdapter
+from brokers.base import Address
 from channels_registry.checks import check_channel
 from channels_registry.models import Broker, BrokerKind, Channel, ChannelHealth
 from dashboard.demo import compare, topology
@@ -361,6 +363,71 @@ def test_demo_rabbitmq_consumer_dead_letters_by_rejecting_so_the_broker_records_
         topology._rabbitmq_delete(url, names, 5.0)
 
 
+def test_demo_activemq_consumer_retries_by_scheduled_resend_and_dead_letters_by_nack() -> None:
+    """ActiveMQ's demo consumer: a transient failure comes back after its backoff (re-sent with
+    AMQ_SCHEDULED_DELAY, counted in x-retry-count); a permanent one is NACKed, so ActiveMQ
+    itself dead-letters it into the queue's own DLQ (DLQ.<queue>), with the reason headers."""
+    from dashboard.demo.consumers import ActiveMQConsumerLink, StompClient
+
+    env, url = topology.URL_ENV[BrokerKind.ACTIVEMQ]
+    try:
+        StompClient(url, 3.0).close()
+    except Exception as exc:  # any connection failure means the broker is not there
+        broker_required("ActiveMQ (STOMP on 127.0.0.1:61613; tests/activemq/start.sh)", exc)
+    names = topology.names_for(f"t{uuid.uuid4().hex[:8]}", BrokerKind.ACTIVEMQ)
+    found = topology.Found(BrokerKind.ACTIVEMQ, env, url, reachable=True)
+    topology.create_topology(found, names, 5.0)
+    handler = consumer()
+    try:
+        link = ActiveMQConsumerLink(
+            url, queue=names.address, poison_queue=names.poison, prefetch=10, timeout=5.0
+        )
+        try:
+
+            def next_delivery() -> Delivery:
+                for _ in range(100):
+                    got = link.receive(1, 0.1)
+                    if got:
+                        return got[0]
+                raise AssertionError("nothing delivered")
+
+            flaky = order(key="k-8", demo={"fail_times": 1})
+            link.stomp.send(names.address, flaky.body, flaky.headers)
+            first = next_delivery()
+            decision = handler.handle(first)
+            assert (first.attempt, decision.route) == (1, Route.RETRY)
+            link.settle(first, decision)
+            again = next_delivery()  # back from the broker's scheduler after the backoff
+            assert again.attempt == 2 and again.headers["x-retry-count"] == "1"
+            assert handler.handle(again).route == Route.PROCESSED
+            link.settle(again, handler.handle(again))
+
+            dead = order(key="k-9", customer={"id": "cust-unknown-9"})
+            link.stomp.send(names.address, dead.body, dead.headers)
+            delivery = next_delivery()
+            decision = handler.handle(delivery)
+            assert decision.route == Route.DEAD_LETTER
+            link.settle(delivery, decision)
+            for _ in range(50):  # the marked copy arrives and is NACKed, not processed
+                assert link.receive(1, 0.1) == []
+                if link.nacked:
+                    break
+            assert link.nacked == 1
+        finally:
+            link.close()
+        drain = ActiveMQAdapter(url, timeout=5.0).open_drain(Address(names.dlq))
+        try:
+            (letter,) = drain.fetch(5, 5.0)
+            assert letter.first_death_queue == names.address
+            assert letter.headers["x-error-class"] == "CustomerNotFound"
+            assert letter.headers["reason"] == "permanent-failure"
+            assert letter.body == dead.body
+        finally:
+            drain.close()  # not acked: emptied by the teardown
+    finally:
+        topology.teardown_topology(found, names, 5.0)
+
+
 # --- the end-of-run comparison, board vs broker ----------------------------------------------
 
 
@@ -397,10 +464,11 @@ def test_comparison_agrees_after_a_poll_and_flags_a_stored_number_that_differs(
         # A fresh, empty topology: the known state, read by the board and the broker alike.
         assert by_label["backlog"].board == by_label["backlog"].broker == 0
         assert by_label["DLQ stored"].board == by_label["DLQ stored"].broker == 0
-        # Waiting to retry: the same definition on the board and in the broker's read (NATS
-        # cannot say: unknown on both sides, never a mismatch).
+        # Waiting to retry: the same definition on the board and in the broker's read (NATS and
+        # ActiveMQ, whose retries wait in its scheduler, cannot say: unknown on both sides,
+        # never a mismatch).
         retrying = by_label["waiting to retry"]
-        if kind == "nats":
+        if kind in (BrokerKind.NATS, BrokerKind.ACTIVEMQ):
             assert retrying.board is None and retrying.verdict == compare.UNKNOWN
         else:
             assert retrying.board == retrying.broker == 0

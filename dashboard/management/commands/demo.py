@@ -55,6 +55,7 @@ class Command(BaseCommand):
         timeout = float(options["timeout"])
         # pika logs every connection at INFO; the demo opens many. Warnings still show.
         logging.getLogger("pika").setLevel(logging.WARNING)
+        logging.getLogger("stomp.py").setLevel(logging.WARNING)  # the same for ActiveMQ
         try:
             names_of: dict[str, topology.Names] = {
                 k: topology.names_for(options["prefix"], k) for k in topology.KINDS
@@ -70,8 +71,9 @@ class Command(BaseCommand):
         reachable = [f for f in found if f.reachable]
         if not reachable:
             raise CommandError(
-                "No broker is reachable. Start RabbitMQ, Redis or NATS (docker compose up), or"
-                " point DEMO_RABBITMQ_URL / DEMO_REDIS_URL / DEMO_NATS_URL at one."
+                "No broker is reachable. Start RabbitMQ, Redis, NATS or ActiveMQ (docker compose"
+                " up), or point DEMO_RABBITMQ_URL / DEMO_REDIS_URL / DEMO_NATS_URL /"
+                " DEMO_ACTIVEMQ_URL at one."
             )
 
         # 2. (The demo brokers store their loopback URLs, so every process can poll them.)
