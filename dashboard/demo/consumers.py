@@ -43,8 +43,8 @@ How each broker settles a decision:
 - ActiveMQ Classic (STOMP): retry = re-send with ``AMQ_SCHEDULED_DELAY`` (the broker's
   scheduler holds the copy for the backoff), then ack. Dead letter = as a JMS consumer gives up:
   NACK, and ActiveMQ dead-letters the message into its DLQ (the marked-copy dance of RabbitMQ
-  carries the reason headers). Poison = send to the poison queue. Every send and ack waits for
-  its STOMP receipt.
+  carries the reason headers). Poison = send to the poison queue. Every send waits for its
+  STOMP receipt before the message is acked.
 
 Every store here is bounded: the dedup store by TTL and size, the ledger is two counters.
 No Django imports: the links take plain addresses.
@@ -894,7 +894,12 @@ class StompClient:
             return [self.frames.popleft() for _ in range(min(max_n, len(self.frames)))]
 
     def ack(self, frame: Any) -> None:
-        self.confirmed("ack", lambda r: self.conn.ack(frame.headers["ack"], receipt=r["receipt"]))
+        """ACK without waiting for a receipt (on a consuming connection ActiveMQ's receipts
+        trail by ~20 ms, a delivery's whole budget at the demo's rates): a lost ACK means a
+        redelivery, which the dedup store absorbs, as with AMQP's unconfirmed ``basic.ack``."""
+        with self.cond:
+            self._broken()
+        self.conn.ack(frame.headers["ack"])
 
     def nack(self, frame: Any) -> None:
         self.confirmed("nack", lambda r: self.conn.nack(frame.headers["ack"], receipt=r["receipt"]))
@@ -939,8 +944,8 @@ STOMP_OWN_HEADERS = frozenset(
 
 
 class ActiveMQConsumerLink(ConsumerLink):
-    """Work queue → (scheduled re-send | NACK of a marked copy | poison queue), each confirmed
-    by a receipt, then the ack (with a receipt).
+    """Work queue → (scheduled re-send | NACK of a marked copy | poison queue), each send
+    confirmed by a receipt (on a second connection, see ``__init__``), then the ack.
 
     - Retry: the copy (reason headers, ``x-retry-count``) is re-sent with
       ``AMQ_SCHEDULED_DELAY`` = the backoff (the broker's scheduler holds it), then the
@@ -962,11 +967,18 @@ class ActiveMQConsumerLink(ConsumerLink):
         self.stomp = StompClient(url, timeout)
         self.nacked = 0  # dead letters handed to the broker's dead-lettering
         try:
+            # Sends on a connection of their own: on the consuming one, ActiveMQ's receipt
+            # trails the messages it is pushing by ~20 ms (its STOMP transport leaves Nagle on).
+            self.sender = StompClient(url, timeout)
+        except BaseException:
+            self.stomp.close()
+            raise
+        try:
             self.stomp.subscribe(
                 queue, "client-individual", **{"activemq.prefetchSize": str(prefetch)}
             )
         except BaseException:
-            self.stomp.close()
+            self.close()
             raise
 
     def receive(self, max_n: int, wait_s: float) -> list[Delivery]:
@@ -991,14 +1003,15 @@ class ActiveMQConsumerLink(ConsumerLink):
         if decision.route == Route.RETRY:
             delay = str(max(1, round(decision.delay_s * 1000)))
             headers = {**decision.headers, "AMQ_SCHEDULED_DELAY": delay}
-            self.stomp.send(self.queue, delivery.body, headers)
+            self.sender.send(self.queue, delivery.body, headers)
         elif decision.route == Route.DEAD_LETTER:
             mark = delivery.headers.get(self.REPLAY_HEADER, "-")
             headers = {**decision.headers, self.DEAD_LETTER_MARK: mark}
-            self.stomp.send(self.queue, delivery.body, headers)
+            self.sender.send(self.queue, delivery.body, headers)
         elif decision.route == Route.POISON:
-            self.stomp.send(self.poison_queue, delivery.body, decision.headers)
-        self.stomp.ack(delivery.token)
+            self.sender.send(self.poison_queue, delivery.body, decision.headers)
+        self.stomp.ack(delivery.token)  # after the copy is confirmed on the other connection
 
     def close(self) -> None:
         self.stomp.close()
+        self.sender.close()
