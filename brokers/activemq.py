@@ -23,6 +23,17 @@ STOMP transactions whose COMMIT carries a ``receipt`` (the broker's confirmation
 text and bytes bodies both go byte-exact with ``content-length`` (``amq-msg-type: text`` keeps
 a TextMessage a text one).
 
+A shared ``ActiveMQ.DLQ`` drained for several channels: each channel's drain is
+``Address(SHARED_DLQ, group=<its origin queue>)`` (``shared_dlq_address``) and subscribes with
+the selector ``JMSDestination = 'queue://<origin>'``, which ActiveMQ evaluates on the original
+destination of a dead letter: each channel takes exactly its own letters, and letters of a
+queue no channel declares stay in the DLQ for whoever owns them (tried on 5.17). ActiveMQ pages
+at most ``maxPageSize`` (200) messages of a queue into memory for dispatch, and a selector sees
+only those: 200 letters nobody drains at the head of the DLQ hide every later one (a stall,
+which ``waiting`` cannot tell apart from letters that are someone else's). How many of the
+shared DLQ's letters came from one origin is unknown to the statistics plugin: such an address
+polls as unknown, with the reason in ``limits``.
+
 What STOMP cannot tell: the redelivery policy (``maximumRedeliveries``, backoff) lives in each
 JMS client, and the broker's dead-letter strategy is in its XML; neither is readable here.
 """
@@ -121,6 +132,20 @@ _POLICY_FIELDS = (
 )
 
 
+def shared_dlq_address(name: str, origin: str) -> Address:
+    """The address draining (and sampling) ``name`` for one channel: the shared ``ActiveMQ.DLQ``
+    with the channel's queue as ``group`` (its letters alone, see the module docstring); any
+    other DLQ (``DLQ.<queue>``, the queue's own) as it is."""
+    return Address(name, origin) if name == SHARED_DLQ and origin else Address(name)
+
+
+def origin_selector(origin: str) -> str:
+    """The STOMP selector taking one origin queue's letters from a shared DLQ: ActiveMQ's
+    ``JMSDestination`` is a dead letter's original destination (a string literal doubles its
+    quotes)."""
+    return "JMSDestination = 'queue://{}'".format(origin.replace("'", "''"))
+
+
 class ActiveMQAdapter(BrokerAdapter):
     """ActiveMQ Classic queues over STOMP. ``url``: ``stomp://user:password@host:61613`` (or
     ``stomp+ssl://`` / ``stomp+tls://`` for a TLS connector)."""
@@ -173,7 +198,9 @@ class ActiveMQAdapter(BrokerAdapter):
         stats: dict[Address, ChannelStats] = {}
         limits: list[str] = []
         for address in addresses:
-            if address.name not in answered:
+            if address.name not in answered or address.group:
+                # Not answered, or one origin's share of a shared DLQ (which no statistic
+                # counts): exists, every number unknown.
                 stats[address] = ChannelStats(address, exists=True, observed_at=now)
                 continue
             found = maps.get(address.name)
@@ -181,6 +208,15 @@ class ActiveMQAdapter(BrokerAdapter):
                 stats[address] = _absent(address, now)
                 continue
             stats[address] = _sample(address, found, now)
+        origins = sorted({a.group for a in addresses if a.group and a.name == SHARED_DLQ})
+        if origins:
+            limits.append(
+                f"{SHARED_DLQ} is shared by every queue without a dead-letter queue of its own:"
+                " the statistics count it as a whole, so how many of its dead letters came from"
+                f" {', '.join(origins[:5])}{' …' if len(origins) > 5 else ''} is unknown. Give"
+                " the queue an individualDeadLetterStrategy (queuePrefix DLQ.) and declare"
+                " DLQ.<queue> to see its own depth."
+            )
         if len(answered) < len({a.name for a in addresses}):
             limits.append(
                 "The ActiveMQ statistics plugin did not answer: depth, consumers and counters"
@@ -471,10 +507,11 @@ class ActiveMQDrainSession(DrainSession):
             return []
         if self._sub is None:
             prefetch = str(min(max(2 * max_batch, 1), 10_000))
+            headers = {"activemq.prefetchSize": prefetch}
+            if self.address.group:  # one origin's letters of a shared DLQ
+                headers["selector"] = origin_selector(self.address.group)
             self._sub = self._session.subscribe(
-                f"/queue/{self.address.name}",
-                ack="client-individual",
-                **{"activemq.prefetchSize": prefetch},
+                f"/queue/{self.address.name}", ack="client-individual", **headers
             )
         first = self._session.next_message(self._sub, time.monotonic() + max(wait_s, 0.0))
         if first is None:
@@ -827,4 +864,4 @@ def _header_text(value: Any) -> str:
     return str(value)
 
 
-__all__ = ["ActiveMQAdapter"]
+__all__ = ["ActiveMQAdapter", "origin_selector", "shared_dlq_address"]

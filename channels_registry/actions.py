@@ -6,7 +6,7 @@ import datetime as dt
 from typing import Any
 
 from django.db import transaction
-from django.db.models import F
+from django.db.models import F, Q
 
 from audit.actions import Actor, record
 from channels_registry.checks import ERROR, check_channel
@@ -62,6 +62,7 @@ def do_save_channel(channel: Channel, *, actor: Actor, before: dict[str, Any] | 
     channel.full_clean()
     refresh_findings(channel)
     channel.save()
+    _refresh_sharers(channel, before)
     # A renamed channel keeps its place on the board (sorted by the name its health row keeps).
     ChannelHealth.objects.filter(channel=channel).update(sort_name=channel.name.lower()[:200])
     record(
@@ -75,11 +76,41 @@ def do_save_channel(channel: Channel, *, actor: Actor, before: dict[str, Any] | 
     return channel
 
 
+def _refresh_sharers(channel: Channel, before: dict[str, Any] | None) -> None:
+    """The cached findings of the channels declaring a dead-letter address this one declares
+    or declared (``dlq-shared-by-channels`` on them changes with this save or delete)."""
+    earlier = before or {}
+    candidates = (
+        channel.dlq_address,
+        channel.poison_address,
+        earlier.get("dlq_address"),
+        earlier.get("poison_address"),
+    )
+    names = {str(name) for name in candidates if name}
+    if not names or not channel.broker_id:
+        return
+    sharers = (
+        Channel.objects.filter(broker_id=channel.broker_id)
+        .filter(Q(dlq_address__in=names) | Q(poison_address__in=names))
+        .exclude(pk=channel.pk)
+        .select_related("broker")
+    )
+    for other in sharers[:100]:  # bounded: a DLQ declared by more is a finding of its own
+        refresh_findings(other)
+        Channel.objects.filter(pk=other.pk).update(
+            findings=other.findings,
+            error_count=other.error_count,
+            warning_count=other.warning_count,
+        )
+
+
 @transaction.atomic
 def do_delete_channel(channel: Channel, *, actor: Actor, reason: str = "") -> None:
     snapshot = channel.audit_snapshot()
     target_id, target_repr, slug = str(channel.pk), str(channel), channel.slug
     channel.delete()
+    channel.pk = None
+    _refresh_sharers(channel, snapshot)
     record(
         "registry.channel.delete",
         actor=actor,

@@ -12,6 +12,8 @@ import dataclasses
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from django.db.models import Q
+
 from channels_registry.models import (
     BrokerKind,
     Channel,
@@ -264,6 +266,58 @@ def dlq_declared(channel: Channel) -> Iterator[Finding]:
             "P5",
             "A DLQ is declared without a strategy saying how messages get there.",
             "Pick one or more strategies (TTL with backoff + DLQ + alert is the default).",
+        )
+
+
+#: ActiveMQ's shared dead-letter queue, drained per channel by origin (brokers/activemq.py).
+ACTIVEMQ_SHARED_DLQ = "ActiveMQ.DLQ"
+
+
+def dead_letter_sharers(channel: Channel, name: str) -> list[str]:
+    """Slugs of the other enabled channels of the same broker declaring ``name`` as their DLQ
+    or poison address."""
+    if not name or not channel.broker_id:
+        return []
+    others = Channel.objects.filter(broker_id=channel.broker_id, enabled=True).filter(
+        Q(dlq_address=name) | Q(poison_address=name)
+    )
+    if channel.pk is not None:
+        others = others.exclude(pk=channel.pk)
+    return sorted(others.values_list("slug", flat=True)[:20])
+
+
+@check
+def dlq_per_channel(channel: Channel) -> Iterator[Finding]:
+    """P5, one dead-letter address per channel: several channels declaring one DLQ (or poison
+    queue). Everywhere but ActiveMQ's shared DLQ, each channel's ingest drains the whole of
+    it, taking the others' dead letters as its own: an error. ``ActiveMQ.DLQ`` is drained per
+    origin queue, so each channel gets its own letters; what is lost is the per-channel
+    depth (unknown) and isolation (one queue's flood pages ahead of the others'): a warning."""
+    for name in dict.fromkeys((channel.dlq_address, channel.poison_address)):
+        sharers = dead_letter_sharers(channel, name)
+        if not sharers:
+            continue
+        shown = ", ".join(sharers[:5]) + (" …" if len(sharers) > 5 else "")
+        kind = channel.broker.kind if channel.broker_id else None
+        if kind == BrokerKind.ACTIVEMQ and name == ACTIVEMQ_SHARED_DLQ:
+            yield Finding(
+                "dlq-shared-by-channels",
+                WARNING,
+                "P5",
+                f"{name} is also declared by {shown}: each channel ingests the dead letters"
+                " of its own queue (by their original destination), but the broker cannot say"
+                " how many wait for each channel, and a flood from one queue delays the others.",
+                "Give each queue an individualDeadLetterStrategy (queuePrefix DLQ.) in the"
+                f" broker's destinationPolicy and declare DLQ.{channel.address} here.",
+            )
+            continue
+        yield Finding(
+            "dlq-shared-by-channels",
+            ERROR,
+            "P5",
+            f"{name} is also declared by {shown}: each channel's ingest drains the whole of it,"
+            " so dead letters are attributed to whichever channel ingests first.",
+            "Give each channel a dead-letter address of its own.",
         )
 
 

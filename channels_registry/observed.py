@@ -163,7 +163,8 @@ def _activemq(channel: Any, topology: dict[str, Any]) -> list[dict[str, Any]]:
                 "P5",
                 f"{channel.address} dead-letters into ActiveMQ.DLQ, which every queue without"
                 " an individual dead-letter strategy shares: its dead letters mix with other"
-                " channels' and are told apart only by their originalDestination.",
+                " queues' and are told apart only by their original destination (ingest takes"
+                " this queue's alone), and how many of them wait is unknown.",
                 "Give the queue an individualDeadLetterStrategy (queuePrefix DLQ.) in the"
                 f" broker's destinationPolicy and declare DLQ.{channel.address} as its DLQ.",
             )

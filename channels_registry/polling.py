@@ -39,6 +39,7 @@ from django.db import transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
+from brokers.activemq import shared_dlq_address
 from brokers.base import Address, BrokerError, ChannelStats, PollResult, Topology, scrub
 from brokers.nats_jetstream import (
     ADVISORY_STREAM,
@@ -130,7 +131,8 @@ def channel_addresses(channel: Channel, kind: str, installation: str = "") -> Ch
     poison stream the consumer republishes into) through this installation's copy durable on it
     (what is not ingested yet: an ack removes nothing from a limits stream) and as a plain stream
     (its total; the fallback before the first ingest creates the durable); RabbitMQ samples the
-    DLQ queue itself (ingest removes what it stored)."""
+    DLQ queue itself (ingest removes what it stored); ActiveMQ its DLQ, and on a shared
+    ``ActiveMQ.DLQ`` this channel's share of it, which the broker cannot count (unknown)."""
     own = Address(channel.address, channel.address_group)
 
     def dead(name: str) -> tuple[Address, ...]:
@@ -140,6 +142,8 @@ def channel_addresses(channel: Channel, kind: str, installation: str = "") -> Ch
             return (Address(name, REDIS_DRAIN_GROUP), Address(name))
         if kind == BrokerKind.NATS:
             return (Address(name, copy_consumer_name(name, own, installation)), Address(name))
+        if kind == BrokerKind.ACTIVEMQ:  # a shared ActiveMQ.DLQ: this channel's share only
+            return (shared_dlq_address(name, channel.address),)
         return (Address(name),)
 
     dlq = dead(channel.dlq_address)

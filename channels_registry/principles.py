@@ -211,6 +211,10 @@ WHY: dict[str, str] = {
     "shared-dlq": "One dead-letter queue shared by many queues mixes their failures: a drain "
     "takes every channel's letters, depth and inflow alerts cannot say whose they are, and a "
     "flood from one queue buries another's.",
+    "dlq-shared-by-channels": "Each channel's dead letters must be its own: a DLQ that several "
+    "channels declare is drained by each of them, so one channel's failures land in another's "
+    "triage (or, on ActiveMQ's shared DLQ, drained per origin, its depth per channel is "
+    "unknown and one queue's flood delays every other's).",
     "redelivery-client-side": "Where the retry budget lives in each client (a JMS "
     "RedeliveryPolicy), the broker cannot show it: every consumer must be configured alike, "
     "or some retry forever and some give up at once.",

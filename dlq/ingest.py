@@ -36,6 +36,7 @@ from django.db.models.functions import Greatest, Least
 from django.utils import timezone
 
 from audit.actions import Actor, record
+from brokers.activemq import shared_dlq_address
 from brokers.base import Address, BrokerError
 from brokers.base import DeadLetter as Letter
 from brokers.nats_jetstream import (
@@ -95,7 +96,8 @@ class IngestResult:
 def drain_addresses(channel: Channel) -> list[tuple[Address, str]]:
     """The dead-letter addresses to drain and the source each feeds.
 
-    RabbitMQ and Redis: the declared DLQ and poison queue/stream. NATS JetStream has no DLQ
+    RabbitMQ and Redis: the declared DLQ and poison queue/stream; ActiveMQ too, but a shared
+    ``ActiveMQ.DLQ`` is drained for this channel's origin queue only. NATS JetStream has no DLQ
     queue: the declared DLQ / poison streams hold the copies the consumer republished, and
     with ``nats_advisory_capture`` the advisories about the channel's own stream and consumer
     are dead letters too (docs/identity.md).
@@ -112,6 +114,16 @@ def drain_addresses(channel: Channel) -> list[tuple[Address, str]]:
             addresses.append((copy_address(channel.poison_address, own), Source.POISON))
         if channel.nats_advisory_capture:
             addresses.append((Address(channel.address, channel.address_group), Source.DLQ))
+        return addresses
+    if channel.broker.kind == BrokerKind.ACTIVEMQ:
+        # A shared ActiveMQ.DLQ: this channel's letters alone, selected by their origin
+        # (brokers/activemq.py); those of queues no channel declares stay on the broker.
+        for name, source in (
+            (channel.dlq_address, Source.DLQ),
+            (channel.poison_address, Source.POISON),
+        ):
+            if name:
+                addresses.append((shared_dlq_address(name, channel.address), source))
         return addresses
     if channel.dlq_address:
         addresses.append((Address(channel.dlq_address), Source.DLQ))

@@ -116,3 +116,46 @@ def test_errors_come_first() -> None:
     severities = [f.severity for f in check_channel(channel)]
     assert severities == sorted(severities, key=lambda s: s != ERROR)
     assert severities[0] == ERROR
+
+
+def test_a_dlq_declared_by_several_channels_is_flagged_on_each_against_p5() -> None:
+    from channels_registry.actions import do_delete_channel
+    from tests.conftest import make_channel
+
+    broker = make_broker()
+    first = make_channel(broker, slug="orders-a", address="orders.a")
+    assert first.error_count == 0
+    # The same orders.dlq and orders.poison: one finding for each.
+    second = make_channel(broker, slug="orders-b", address="orders.b")
+    shared = [f for f in check_channel(second) if f.code == "dlq-shared-by-channels"]
+    assert [(f.severity, f.principle) for f in shared] == [(ERROR, "P5")] * 2
+    assert [f.message.split()[0] for f in shared] == ["orders.dlq", "orders.poison"]
+    assert all("orders-a" in f.message for f in shared)
+    # Saved through the action, the first channel's cached findings name the second too.
+    from audit.actions import Actor
+    from channels_registry.actions import do_save_channel
+
+    do_save_channel(second, actor=Actor.system("test"), before=second.audit_snapshot())
+    first.refresh_from_db()
+    assert "dlq-shared-by-channels" in {f["code"] for f in first.findings}
+    assert first.error_count == 2
+    # Another broker's queue of the same name is another queue.
+    make_channel(make_broker(name="other"), slug="orders-c", address="orders.c")
+    assert [f.code for f in check_channel(first)].count("dlq-shared-by-channels") == 2
+    do_delete_channel(second, actor=Actor.system("test"))
+    first.refresh_from_db()
+    assert first.error_count == 0 and first.findings == []
+
+
+def test_activemq_shared_dlq_declared_by_several_channels_is_a_warning() -> None:
+    """ActiveMQ.DLQ is drained per origin queue (each channel gets its own letters), so
+    sharing it costs the per-channel depth and isolation: a warning, not an error."""
+    from tests.conftest import make_channel
+
+    broker = make_broker(kind=BrokerKind.ACTIVEMQ, name="amq")
+    shared = {"dlq_address": "ActiveMQ.DLQ", "poison_address": ""}
+    make_channel(broker, slug="amq-a", address="orders.a", **shared)
+    second = make_channel(broker, slug="amq-b", address="orders.b", **shared)
+    found = {f.code: f for f in check_channel(second)}
+    assert found["dlq-shared-by-channels"].severity == WARNING
+    assert "DLQ.orders.b" in found["dlq-shared-by-channels"].fix

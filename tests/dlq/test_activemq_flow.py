@@ -92,3 +92,77 @@ def test_ingest_replay_and_second_death_on_activemq(app: App, oncall: User) -> N
     children = DeadLetter.objects.exclude(pk__in=[e.pk for e in entries])
     assert {c.parent_id for c in children} == {e.pk for e in entries}
     assert {c.generation for c in children} == {1}
+
+
+def test_a_shared_activemq_dlq_gives_each_channel_exactly_its_own_dead_letters(
+    app: App,
+) -> None:
+    """Two channels declare the shared ActiveMQ.DLQ (their queues have no DLQ of their own):
+    each ingests exactly the letters of its own queue, selected by their original destination;
+    a queue no channel declares keeps its letters in the DLQ; a batch stored but not acked (a
+    crash before the ack) comes back and is not stored twice; the per-channel depth is unknown,
+    never the whole DLQ's."""
+    from brokers.activemq import SHARED_DLQ, shared_dlq_address
+    from channels_registry.models import ChannelHealth
+    from channels_registry.polling import do_poll_broker
+    from dlq.ingest import store_batch
+    from dlq.models import Source
+
+    tag = uuid.uuid4().hex[:8]
+    # Not indiv.>: the test broker dead-letters these into the shared ActiveMQ.DLQ.
+    queue_a, queue_b, stray = (f"activemq.shared.{n}.{tag}" for n in ("a", "b", "stray"))
+    counts = {queue_a: 3, queue_b: 2, stray: 2}
+    for queue, count in counts.items():
+        for n in range(count):
+            app.send(queue, f"{queue} #{n}".encode(), **{"Idempotency-Key": f"{queue}-{n}"})
+        _dead_letter_all(app, queue, count, f"dead-{queue}")
+    broker = make_broker(name="amq", kind=BrokerKind.ACTIVEMQ, url_env="DLO_BROKER_TEST_ACTIVEMQ")
+    shared = {"dlq_address": SHARED_DLQ, "poison_address": ""}
+    channel_a = make_channel(broker, slug="amq-a", address=queue_a, **shared)
+    channel_b = make_channel(broker, slug="amq-b", address=queue_b, **shared)
+    assert "dlq-shared-by-channels" in {f["code"] for f in channel_b.findings}
+
+    # A's first batch is stored, then the drain closes before its ack (a crash).
+    address_a = shared_dlq_address(SHARED_DLQ, queue_a)
+    adapter = ActiveMQAdapter(URL, timeout=5.0)
+    with adapter.drain(address_a) as session:
+        first: list[Any] = []
+        for _ in range(10):
+            first += session.fetch(counts[queue_a], 2.0)
+            if len(first) >= counts[queue_a]:
+                break
+        assert {letter.first_death_queue for letter in first} == {queue_a}
+        assert store_batch(channel_a, first, Source.DLQ, address_a) == (len(first), 0)
+
+    do_poll_broker(broker.pk, force=True)
+    health = ChannelHealth.objects.get(channel=channel_a)
+    assert health.dlq_depth is None and health.dlq_retained is None  # unknown, not the DLQ's
+
+    result_b = do_ingest_channel(channel_b.pk)
+    result_a = do_ingest_channel(channel_a.pk)
+    assert (result_b.inserted, result_b.duplicates, result_b.errors) == (2, 0, [])
+    assert (result_a.inserted, result_a.duplicates, result_a.errors) == (
+        counts[queue_a] - len(first),
+        len(first),
+        [],
+    )
+    for channel, queue in ((channel_a, queue_a), (channel_b, queue_b)):
+        entries = DeadLetter.objects.filter(channel=channel)
+        assert sorted(bytes(e.body) for e in entries) == [
+            f"{queue} #{n}".encode() for n in range(counts[queue])
+        ]
+        assert {e.first_death_queue for e in entries} == {queue}
+        assert do_ingest_channel(channel.pk).fetched == 0  # acked: nothing comes back
+    assert DeadLetter.objects.count() == counts[queue_a] + counts[queue_b]
+
+    # The stray queue's letters were neither taken nor lost: still in the shared DLQ.
+    with adapter.drain(shared_dlq_address(SHARED_DLQ, stray)) as session:
+        left: list[Any] = []
+        for _ in range(10):
+            left += session.fetch(5, 2.0)
+            if len(left) >= counts[stray]:
+                break
+        assert sorted(letter.body for letter in left) == [
+            f"{stray} #{n}".encode() for n in range(counts[stray])
+        ]
+        session.ack(left)  # cleaned up: the shared DLQ is the broker's, not this test's
