@@ -152,6 +152,8 @@ def detect(timeout: float) -> list[Found]:
             item.reachable = True
         except BrokerError as exc:
             item.detail = str(exc).splitlines()[0][:200]
+            if kind == BrokerKind.ACTIVEMQ:
+                item.detail += f"; tests/activemq/start.sh starts one, or set {env}"
         if item.reachable and kind == BrokerKind.RABBITMQ:
             item.management_url, item.detail = _management(url, timeout)
         found.append(item)

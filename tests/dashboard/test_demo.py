@@ -234,6 +234,18 @@ def test_demo_declaration_is_clean_audited_and_idempotent(kind: str) -> None:
     assert Broker.objects.get().connection_url() == moved.url
 
 
+def test_demo_skips_an_absent_activemq_saying_where_it_looked_and_how_to_start_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    env, _default = topology.URL_ENV[BrokerKind.ACTIVEMQ]
+    monkeypatch.setenv(env, "stomp://127.0.0.1:1")  # nothing listens on port 1
+    (item,) = [f for f in topology.detect(timeout=1.0) if f.kind == BrokerKind.ACTIVEMQ]
+    assert not item.reachable
+    text = item.describe()
+    assert text.startswith("ActiveMQ Classic not found at stomp://127.0.0.1:1 (")
+    assert "tests/activemq/start.sh" in text and env in text
+
+
 # --- a short run on the real brokers -------------------------------------------------------
 
 
