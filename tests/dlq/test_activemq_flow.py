@@ -49,20 +49,31 @@ def _dead_letter_all(app: App, queue: str, count: int, sub: str) -> None:
     app.conn.unsubscribe(sub)
 
 
-def _channel(queue: str) -> Any:
+def _channel(queue: str, dlq: str = "") -> Any:
     broker = make_broker(name="amq", kind=BrokerKind.ACTIVEMQ, url_env="DLO_BROKER_TEST_ACTIVEMQ")
     return make_channel(
-        broker, slug="amq-orders", address=queue, dlq_address=f"DLQ.{queue}", poison_address=""
+        broker,
+        slug="amq-orders",
+        address=queue,
+        dlq_address=dlq or f"DLQ.{queue}",
+        poison_address="",
     )
 
 
-def test_ingest_replay_and_second_death_on_activemq(app: App, oncall: User) -> None:
-    queue = f"indiv.activemq.flow.{uuid.uuid4().hex[:8]}"
+#: (queue prefix, declared DLQ): the test broker gives ``indiv.>`` queues a DLQ of their own;
+#: the others share ActiveMQ.DLQ, drained for the channel's queue alone.
+LAYOUTS = {"individual": ("indiv.", ""), "shared": ("", "ActiveMQ.DLQ")}
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_ingest_replay_and_second_death_on_activemq(app: App, oncall: User, layout: str) -> None:
+    prefix, dlq = LAYOUTS[layout]
+    queue = f"{prefix}activemq.flow.{uuid.uuid4().hex[:8]}"
     bodies = [b'{"order": 1}', *HOSTILE_BODIES[:3]]
     for n, body in enumerate(bodies):
         app.send(queue, body, **HOSTILE_HEADERS, n=str(n), **{"correlation-id": f"c{n}"})
     _dead_letter_all(app, queue, len(bodies), "first")
-    channel = _channel(queue)
+    channel = _channel(queue, dlq)
 
     result = do_ingest_channel(channel.pk)
     assert (result.inserted, result.errors) == (len(bodies), [])
