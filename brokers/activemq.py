@@ -32,7 +32,7 @@ at most ``maxPageSize`` (200) messages of a queue into memory for dispatch, and 
 only those: 200 letters nobody drains at the head of the DLQ hide every later one (a stall,
 which ``waiting`` cannot tell apart from letters that are someone else's). How many of the
 shared DLQ's letters came from one origin is unknown to the statistics plugin: such an address
-polls as unknown, with the reason in ``limits``.
+polls as unknown (the poller says why on the channel).
 
 What STOMP cannot tell: the redelivery policy (``maximumRedeliveries``, backoff) lives in each
 JMS client, and the broker's dead-letter strategy is in its XML; neither is readable here.
@@ -208,15 +208,6 @@ class ActiveMQAdapter(BrokerAdapter):
                 stats[address] = _absent(address, now)
                 continue
             stats[address] = _sample(address, found, now)
-        origins = sorted({a.group for a in addresses if a.group and a.name == SHARED_DLQ})
-        if origins:
-            limits.append(
-                f"{SHARED_DLQ} is shared by every queue without a dead-letter queue of its own:"
-                " the statistics count it as a whole, so how many of its dead letters came from"
-                f" {', '.join(origins[:5])}{' …' if len(origins) > 5 else ''} is unknown. Give"
-                " the queue an individualDeadLetterStrategy (queuePrefix DLQ.) and declare"
-                " DLQ.<queue> to see its own depth."
-            )
         if len(answered) < len({a.name for a in addresses}):
             limits.append(
                 "The ActiveMQ statistics plugin did not answer: depth, consumers and counters"

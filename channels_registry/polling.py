@@ -39,7 +39,7 @@ from django.db import transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
-from brokers.activemq import shared_dlq_address
+from brokers.activemq import SHARED_DLQ, shared_dlq_address
 from brokers.base import Address, BrokerError, ChannelStats, PollResult, Topology, scrub
 from brokers.nats_jetstream import (
     ADVISORY_STREAM,
@@ -589,6 +589,14 @@ def _store_sample(
         assessment.evidence = [text if "does not exist" in e else e for e in assessment.evidence]
     # What the broker could not tell at all (no management API...) stands beside the state.
     assessment.evidence.extend(result.limits)
+    shared = [a for a in (*addresses.dlq, *addresses.poison) if a.group and a.name == SHARED_DLQ]
+    if broker.kind == BrokerKind.ACTIVEMQ and shared:
+        assessment.evidence.append(
+            f"DLQ depth unknown: {SHARED_DLQ} is shared by every queue without a dead-letter"
+            " queue of its own, and ActiveMQ counts it as a whole; ingest takes this queue's"
+            " letters alone. Give the queue an individualDeadLetterStrategy (queuePrefix DLQ.)"
+            f" and declare DLQ.{channel.address} to see its depth."
+        )
     row.window = [p.as_list() for p in window]
     for name, value in kept.items():
         setattr(row, name, value)

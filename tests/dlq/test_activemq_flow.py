@@ -148,6 +148,7 @@ def test_a_shared_activemq_dlq_gives_each_channel_exactly_its_own_dead_letters(
     do_poll_broker(broker.pk, force=True)
     health = ChannelHealth.objects.get(channel=channel_a)
     assert health.dlq_depth is None and health.dlq_retained is None  # unknown, not the DLQ's
+    assert any(e.startswith("DLQ depth unknown: ActiveMQ.DLQ is shared") for e in health.evidence)
 
     result_b = do_ingest_channel(channel_b.pk)
     result_a = do_ingest_channel(channel_a.pk)
