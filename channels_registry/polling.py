@@ -161,7 +161,7 @@ def waiting_to_retry(
     say. RabbitMQ: the declared TTL retry queue's messages (sampled with the channel's other
     queues); Redis: the group's pending entries; NATS: unknown — JetStream counts a message
     ``nak``-ed with a delay and one in processing alike, so the ack-pending count only bounds
-    it."""
+    it; ActiveMQ: unknown — redelivery is the client's (or a scheduled re-send)."""
     main = stats.get(addresses.main)
     if kind == BrokerKind.RABBITMQ:
         if not addresses.retry:
@@ -178,6 +178,10 @@ def waiting_to_retry(
         if main is not None and main.exists and main.in_flight is not None:
             return main.in_flight, ""
         return None, "the group's pending entries were not read"
+    if kind == BrokerKind.ACTIVEMQ:
+        # A redelivery is the JMS client's (its RedeliveryPolicy) or a scheduled re-send:
+        # nothing on the queue tells a message waiting for a retry from any other.
+        return None, "ActiveMQ redelivers from the consumer's session"
     bound = ""
     if main is not None and main.exists and main.in_flight is not None:
         bound = f"; at most {main.in_flight:,} (awaiting ack)"
