@@ -40,6 +40,11 @@ How each broker settles a decision:
   message whose budget is spent is copied to the DLQ stream and ``nak``-ed one last time, so
   the server's ``max_deliver`` (= the budget) gives up on it and publishes MAX_DELIVERIES.
   The dashboard ingests those advisories (see brokers/nats_jetstream.py).
+- ActiveMQ Classic (STOMP, client-individual acks): retry = the message sent again to the
+  work queue with ``AMQ_SCHEDULED_DELAY`` (the broker's scheduler holds it for the backoff)
+  and ``x-retry-count``, confirmed, then the original acked. Dead letter / poison = a copy
+  with the reason headers sent to ``DLQ.<queue>`` / the poison queue, confirmed, then acked
+  (a STOMP NACK would have the broker dead-letter it, but without the reason headers).
 
 Every store here is bounded: the dedup store by TTL and size, the ledger is two counters.
 No Django imports: the links take plain addresses.
@@ -756,3 +761,68 @@ class NatsConsumerLink(ConsumerLink):
             self._loop.run(shutdown())
         finally:
             self._loop.close()
+
+
+class ActiveMQConsumerLink(ConsumerLink):
+    """Work queue → (work queue, scheduled | DLQ.<queue> | poison queue), each copy confirmed
+    by a receipt, then the original acknowledged (client-individual)."""
+
+    #: ActiveMQ's scheduling headers: set anew on each retry, never carried over.
+    SCHEDULE_HEADERS = ("AMQ_SCHEDULED_DELAY", "scheduledJobId")
+
+    def __init__(
+        self, url: str, *, queue: str, dlq: str, poison_queue: str, timeout: float
+    ) -> None:
+        from brokers.activemq import ActiveMQAdapter
+        from brokers.base import Address
+
+        self.adapter = ActiveMQAdapter(url, timeout=timeout)
+        self.session = self.adapter.open_drain(Address(queue))
+        self.queue, self.dlq, self.poison_queue = queue, dlq, poison_queue
+        self.timeout = timeout
+        self.publishers: dict[str, Any] = {}
+
+    def receive(self, max_n: int, wait_s: float) -> list[Delivery]:
+        out = []
+        for letter in self.session.fetch(max_n, min(wait_s, self.timeout)):
+            headers = {
+                k: v
+                for k, v in _text_headers(letter.headers).items()
+                if k not in self.SCHEDULE_HEADERS
+            }
+            retries = headers.get("x-retry-count", "0")
+            attempt = (int(retries) if retries.isdigit() else 0) + 1
+            out.append(Delivery(body=letter.body, headers=headers, attempt=attempt, token=letter))
+        return out
+
+    def _send(self, queue: str, delivery: Delivery, headers: dict[str, str]) -> None:
+        from brokers.base import Address, BrokerError, OutgoingMessage
+
+        publisher = self.publishers.get(queue)
+        if publisher is None:
+            publisher = self.publishers[queue] = self.adapter.open_publisher(Address(queue))
+        message = OutgoingMessage(
+            str(delivery.token.broker_id), delivery.body, headers, {"body_type": "text"}
+        )
+        (outcome,) = publisher.publish([message])
+        if not outcome.confirmed:  # not acked: the broker redelivers the original
+            raise BrokerError(f"copy to {queue} not confirmed: {outcome.reason}")
+
+    def settle(self, delivery: Delivery, decision: Decision) -> None:
+        if decision.route == Route.RETRY:
+            delay_ms = str(max(1, round(decision.delay_s * 1000)))
+            headers = {**decision.headers, "AMQ_SCHEDULED_DELAY": delay_ms}
+            self._send(self.queue, delivery, headers)
+        elif decision.route == Route.DEAD_LETTER:
+            self._send(self.dlq, delivery, decision.headers)
+        elif decision.route == Route.POISON:
+            self._send(self.poison_queue, delivery, decision.headers)
+        self.session.ack([delivery.token])
+
+    def close(self) -> None:
+        for publisher in self.publishers.values():
+            try:
+                publisher.close()
+            except Exception:  # closing a broken session must not hide the others
+                continue
+        self.session.close()  # unacknowledged deliveries go back to the queue

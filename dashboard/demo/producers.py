@@ -221,3 +221,26 @@ class NatsProducerLink(ProducerLink):
             self._loop.run(shutdown())
         finally:
             self._loop.close()
+
+
+class ActiveMQProducerLink(ProducerLink):
+    """Persistent STOMP sends, each confirmed by the broker's receipt (the adapter's
+    publisher): a TextMessage, as a JMS producer of JSON sends it."""
+
+    def __init__(self, url: str, *, queue: str, timeout: float) -> None:
+        from brokers.activemq import ActiveMQAdapter
+        from brokers.base import Address
+
+        self.publisher = ActiveMQAdapter(url, timeout=timeout).open_publisher(Address(queue))
+
+    def send(self, message: Outgoing) -> None:
+        from brokers.base import BrokerError, OutgoingMessage
+
+        headers = {k: v for k, v in message.headers.items() if k != "content-type"}
+        outgoing = OutgoingMessage(message.key, message.body, headers, {"body_type": "text"})
+        (outcome,) = self.publisher.publish([outgoing])
+        if not outcome.confirmed:
+            raise BrokerError(f"not confirmed: {outcome.reason}")
+
+    def close(self) -> None:
+        self.publisher.close()

@@ -141,6 +141,8 @@ class BrokerRun:
             return p.RabbitMQProducerLink(url, queue=n.address, timeout=t)
         if self.found.kind == BrokerKind.REDIS:
             return p.RedisProducerLink(url, stream=n.address, timeout=t)
+        if self.found.kind == BrokerKind.ACTIVEMQ:
+            return p.ActiveMQProducerLink(url, queue=n.address, timeout=t)
         return p.NatsProducerLink(url, subject=n.subject, timeout=t)
 
     def consumer_link(self) -> c.ConsumerLink:
@@ -165,6 +167,10 @@ class BrokerRun:
                 poison_stream=n.poison,
                 policy=self.policy,
                 timeout=t,
+            )
+        if self.found.kind == BrokerKind.ACTIVEMQ:
+            return c.ActiveMQConsumerLink(
+                url, queue=n.address, dlq=n.dlq, poison_queue=n.poison, timeout=t
             )
         return c.NatsConsumerLink(
             url,

@@ -34,9 +34,10 @@ URL_ENV: dict[str, tuple[str, str]] = {
     BrokerKind.RABBITMQ: ("DEMO_RABBITMQ_URL", "amqp://guest:guest@127.0.0.1:5672/%2F"),
     BrokerKind.REDIS: ("DEMO_REDIS_URL", "redis://127.0.0.1:6379/0"),
     BrokerKind.NATS: ("DEMO_NATS_URL", "nats://127.0.0.1:4222"),
+    BrokerKind.ACTIVEMQ: ("DEMO_ACTIVEMQ_URL", "stomp://127.0.0.1:61613"),
 }
 MANAGEMENT_ENV = ("DEMO_RABBITMQ_MANAGEMENT_URL", "http://127.0.0.1:15672")
-KINDS = (BrokerKind.RABBITMQ, BrokerKind.REDIS, BrokerKind.NATS)
+KINDS = (BrokerKind.RABBITMQ, BrokerKind.REDIS, BrokerKind.NATS, BrokerKind.ACTIVEMQ)
 PREFIX_RE = re.compile(r"^[a-z][a-z0-9]{0,19}$")
 
 RETRY_MAX_ATTEMPTS = 4
@@ -86,6 +87,11 @@ def names_for(prefix: str, kind: str) -> Names:
             retry=f"{q}.retry",
             dlx=f"{q}.dlx",
         )
+    if kind == BrokerKind.ACTIVEMQ:
+        # indiv.> queues dead-letter into their own DLQ.<queue> (the broker's
+        # individualDeadLetterStrategy: tests/activemq/activemq.xml), one DLQ per channel.
+        q = f"indiv.{prefix}.orders"
+        return Names(**base, address=q, group="", dlq=f"DLQ.{q}", poison=f"{prefix}.orders.poison")
     if kind == BrokerKind.REDIS:
         s = f"{prefix}:orders"
         return Names(
@@ -293,6 +299,7 @@ def create_topology(found: Found, names: Names, timeout: float) -> None:
             BrokerKind.RABBITMQ: _rabbitmq_create,
             BrokerKind.REDIS: _redis_create,
             BrokerKind.NATS: _nats_create,
+            BrokerKind.ACTIVEMQ: _activemq_create,
         }[BrokerKind(found.kind)](found.url, names, timeout)
     except TopologyError:
         raise
@@ -309,6 +316,7 @@ def teardown_topology(found: Found, names: Names, timeout: float) -> None:
         BrokerKind.RABBITMQ: _rabbitmq_delete,
         BrokerKind.REDIS: _redis_delete,
         BrokerKind.NATS: _nats_delete,
+        BrokerKind.ACTIVEMQ: _activemq_delete,
     }[BrokerKind(found.kind)](found.url, names, timeout)
 
 
@@ -486,3 +494,27 @@ def _nats_delete(url: str, names: Names, timeout: float) -> None:
                 await js.delete_consumer(ADVISORY_STREAM, durable + suffix)
 
     _run_nats(url, timeout, work)
+
+
+def _activemq_create(url: str, names: Names, timeout: float) -> None:
+    """ActiveMQ creates a queue with its first consumer (or message); STOMP has no "declare".
+    The work and poison queues are created by subscribing once (nothing is taken: the drain
+    session acknowledges nothing), so the poller finds them empty from the start. The DLQ
+    appears with its first dead letter (an absent DLQ.<queue> holds none)."""
+    adapter = get_adapter(BrokerKind.ACTIVEMQ, url, timeout=timeout)
+    for queue in (names.address, names.poison):
+        with adapter.drain(Address(queue)) as session:
+            session.fetch(1, 0.0)  # subscribes; a message taken goes back on close
+
+
+def _activemq_delete(url: str, names: Names, timeout: float) -> None:
+    """STOMP cannot delete a queue: the demo's queues are emptied (bounded) and the broker
+    removes empty, unused queues itself (gcInactiveDestinations in tests/activemq)."""
+    adapter = get_adapter(BrokerKind.ACTIVEMQ, url, timeout=timeout)
+    for queue in (names.address, names.dlq, names.poison):
+        with adapter.drain(Address(queue)) as session:
+            for _ in range(1000):  # at most 500,000 messages
+                batch = session.fetch(500, 0.5)
+                if not batch:
+                    break
+                session.ack(batch)

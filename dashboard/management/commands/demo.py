@@ -70,8 +70,9 @@ class Command(BaseCommand):
         reachable = [f for f in found if f.reachable]
         if not reachable:
             raise CommandError(
-                "No broker is reachable. Start RabbitMQ, Redis or NATS (docker compose up), or"
-                " point DEMO_RABBITMQ_URL / DEMO_REDIS_URL / DEMO_NATS_URL at one."
+                "No broker is reachable. Start RabbitMQ, Redis, NATS or ActiveMQ (docker compose"
+                " up), or point DEMO_RABBITMQ_URL / DEMO_REDIS_URL / DEMO_NATS_URL /"
+                " DEMO_ACTIVEMQ_URL at one."
             )
 
         # 2. (The demo brokers store their loopback URLs, so every process can poll them.)
