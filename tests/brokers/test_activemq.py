@@ -55,12 +55,34 @@ def adapter(**options: Any) -> ActiveMQAdapter:
     return built
 
 
+def require_activemq(url: str = STOMP_URL) -> None:
+    """Every ActiveMQ test's check: skip when the broker does not answer on ``url``, naming
+    how to start it; fail under ``CI=true``, where it must be up."""
+    try:
+        ActiveMQAdapter(url, timeout=3.0).ping()
+    except BrokerError as exc:
+        broker_required(f"ActiveMQ (STOMP on {url}; tests/activemq/start.sh)", exc)
+
+
 @pytest.fixture(scope="module")
 def activemq() -> None:
-    try:
-        adapter(timeout=3.0).ping()
-    except BrokerError as exc:
-        broker_required("ActiveMQ (STOMP on 127.0.0.1:61613; tests/activemq/start.sh)", exc)
+    require_activemq()
+
+
+def test_without_activemq_its_tests_skip_with_how_to_start_it_and_fail_in_ci(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import socket
+
+    with socket.socket() as sock:  # a port nothing listens on: the broker is "absent"
+        sock.bind(("127.0.0.1", 0))
+        closed = f"stomp://127.0.0.1:{sock.getsockname()[1]}"
+    monkeypatch.delenv("CI", raising=False)
+    with pytest.raises(pytest.skip.Exception, match="tests/activemq/start.sh"):
+        require_activemq(closed)
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(pytest.fail.Exception, match="ActiveMQ .* is not reachable"):
+        require_activemq(closed)
 
 
 def unique(prefix: str = "q") -> str:

@@ -53,13 +53,10 @@ def test_an_activemq_publisher_whose_broker_went_away_reports_connection_lost() 
     """The connection breaks under an open publisher (a proxy in front of the shared broker
     is cut): every message of the batch is ``connection_lost``, none refused or confirmed."""
     from brokers.activemq import ActiveMQAdapter
-    from tests.conftest import broker_required
+    from tests.brokers.test_activemq import require_activemq
     from tests.faultproxy import FaultProxy
 
-    try:
-        ActiveMQAdapter("stomp://127.0.0.1:61613", timeout=3.0).ping()
-    except BrokerError as exc:
-        broker_required("ActiveMQ (STOMP on 127.0.0.1:61613; tests/activemq/start.sh)", exc)
+    require_activemq()
     proxy = FaultProxy(("127.0.0.1", 61613))
     try:
         adapter = ActiveMQAdapter(f"stomp://127.0.0.1:{proxy.port}", timeout=2.0)

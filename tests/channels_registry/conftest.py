@@ -40,14 +40,9 @@ def amq(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     ActiveMQ, and ``DLO_BROKER_TEST_STOMP_URL`` pointing at it. STOMP cannot delete queues:
     the broker collects the empty ones (tests/activemq/activemq.xml), so a test drains what
     it leaves behind."""
-    from brokers.activemq import ActiveMQAdapter
-    from brokers.base import BrokerError
-    from tests.brokers.test_activemq import App
+    from tests.brokers.test_activemq import App, require_activemq
 
-    try:
-        ActiveMQAdapter(STOMP_URL, timeout=3.0).ping()
-    except BrokerError as exc:
-        broker_required("ActiveMQ (STOMP on 127.0.0.1:61613; tests/activemq/start.sh)", exc)
+    require_activemq(STOMP_URL)
     monkeypatch.setenv("DLO_BROKER_TEST_STOMP_URL", STOMP_URL)
     client = App()
     try:

@@ -192,15 +192,12 @@ def test_long_running_ingest_and_poll_ride_out_database_and_activemq_outages(
     """On ActiveMQ: the shared broker must not be stopped, so the services reach it through a
     TCP proxy (tests/faultproxy.py) that drops every connection and refuses new ones."""
     from brokers.activemq import ActiveMQAdapter
-    from brokers.base import Address, BrokerError, OutgoingMessage
-    from tests.conftest import broker_required
+    from brokers.base import Address, OutgoingMessage
+    from tests.brokers.test_activemq import require_activemq
     from tests.faultproxy import FaultProxy
 
+    require_activemq(STOMP_URL)
     direct = ActiveMQAdapter(STOMP_URL, timeout=10.0)
-    try:
-        direct.ping()
-    except BrokerError as exc:
-        broker_required("ActiveMQ (STOMP on 127.0.0.1:61613; tests/activemq/start.sh)", exc)
     proxy = FaultProxy(("127.0.0.1", 61613))
     queue, slug = f"indiv.svc.{uuid.uuid4().hex[:8]}", f"svc-{uuid.uuid4().hex[:6]}"
     proc_db.only_new_channels()

@@ -225,13 +225,10 @@ def test_activemq_replay_lands_on_the_origin_queue_with_its_replay_id(
     nothing: every message goes to the channel's queue, whole, persistent, with its replay id
     and its application properties, and without ActiveMQ's cause of the old death."""
     from brokers.activemq import ActiveMQAdapter
-    from brokers.base import Address, BrokerError
-    from tests.brokers.test_activemq import App
+    from brokers.base import Address
+    from tests.brokers.test_activemq import App, require_activemq
 
-    try:
-        ActiveMQAdapter(STOMP_URL, timeout=3.0).ping()
-    except BrokerError as exc:
-        broker_required("ActiveMQ (STOMP on 127.0.0.1:61613; tests/activemq/start.sh)", exc)
+    require_activemq(STOMP_URL)
     monkeypatch.setenv("DLO_BROKER_TEST_REPLAY_STOMP", STOMP_URL)
     monkeypatch.setattr(relay_outcomes, "backoff", lambda attempt: 0.0)
     queue = f"dlo-replay.{uuid.uuid4().hex[:8]}"

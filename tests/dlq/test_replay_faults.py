@@ -85,14 +85,10 @@ class ActiveMQTarget:
 
     def __init__(self) -> None:
         from brokers.activemq import ActiveMQAdapter
-        from brokers.base import BrokerError
-        from tests.conftest import broker_required
+        from tests.brokers.test_activemq import require_activemq
 
+        require_activemq(STOMP_URL)
         self.adapter = ActiveMQAdapter(STOMP_URL, timeout=10.0)
-        try:
-            self.adapter.ping()
-        except BrokerError as exc:
-            broker_required("ActiveMQ (STOMP on 127.0.0.1:61613; tests/activemq/start.sh)", exc)
         self.queue = f"h6.fault.{uuid.uuid4().hex[:8]}"
 
     def received(self) -> list[str]:

@@ -19,7 +19,7 @@ import pytest
 import redis
 from django.contrib.auth.models import User
 
-from brokers.activemq import ActiveMQAdapter, ActiveMQDrainSession
+from brokers.activemq import ActiveMQDrainSession
 from brokers.base import Address, BrokerError
 from brokers.nats_jetstream import ADVISORY_STREAM, NatsDrainSession
 from brokers.rabbitmq import RabbitMQDrainSession
@@ -256,12 +256,9 @@ class ActiveMQRig(Rig):
     NACKed message is dead-lettered at once, as a JMS client past its redelivery policy does."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        from tests.brokers.test_activemq import App
+        from tests.brokers.test_activemq import App, require_activemq
 
-        try:
-            ActiveMQAdapter(STOMP_URL, timeout=3.0).ping()
-        except BrokerError as exc:
-            broker_required("ActiveMQ (STOMP on 127.0.0.1:61613; tests/activemq/start.sh)", exc)
+        require_activemq(STOMP_URL)
         self.app = App()
         self.queue = f"indiv.dlo-death.{uuid.uuid4().hex[:8]}"
         self.rejections = 0
