@@ -552,6 +552,39 @@ def test_without_the_statistics_plugin_every_number_is_unknown_with_the_fix(
     assert plain.inspect([queue])[queue].kind is None  # nothing read, nothing claimed
 
 
+@pytest.mark.django_db
+def test_without_the_statistics_plugin_the_channel_says_what_is_unknown_and_the_fix(
+    plain_activemq: str, viewer: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The board's side of the test above (as RabbitMQ without its management API): numbers
+    unknown, never 0, the state UNKNOWN, and the page names the fix, not another broker's."""
+    from channels_registry.actions import do_poll_broker
+    from channels_registry.health import HealthState
+    from channels_registry.models import BrokerKind, ChannelHealth
+    from tests.conftest import client_for, make_broker, make_channel
+
+    monkeypatch.setenv("DLO_BROKER_TEST_PLAIN_STOMP", plain_activemq)
+    broker = make_broker(
+        name="plain", kind=BrokerKind.ACTIVEMQ, url_env="DLO_BROKER_TEST_PLAIN_STOMP"
+    )
+    queue = unique("plain-page")
+    channel = make_channel(broker, address=queue, dlq_address=f"DLQ.{queue}", poison_address="")
+
+    outcome = do_poll_broker(broker.pk)
+
+    assert outcome.status == "ok", outcome.errors
+    health = ChannelHealth.objects.get(channel=channel)
+    assert health.state == HealthState.UNKNOWN
+    assert (health.backlog, health.in_flight, health.consumers, health.dlq_depth) == (None,) * 4
+    assert any("<statisticsBrokerPlugin/>" in line for line in health.evidence)
+    [unchecked] = health.observed_findings
+    assert unchecked["code"] == "observed.unchecked"
+    assert "statisticsBrokerPlugin" in unchecked["fix"]
+    page = client_for(viewer).get(channel.get_absolute_url()).content.decode()
+    assert "&lt;statisticsBrokerPlugin/&gt;" in page
+    assert "matches the declaration" not in page
+
+
 def test_the_hostile_corpus_round_trips_and_an_oversized_frame_is_refused_not_an_outage(
     activemq: None,
 ) -> None:
