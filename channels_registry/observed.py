@@ -219,14 +219,24 @@ _CHECKED_FIELDS = (
 def _unchecked(channel: Any) -> dict[str, Any]:
     """The address exists, and that is all the broker would say: nothing was compared, and
     the page must not read "matches the declaration"."""
-    broker = getattr(channel, "broker", None)
-    fix = (
-        "Enable the rabbitmq_management plugin and declare its URL (http://host:15672) on the"
-        " broker, so the queue's type, dead-lettering, limits and consumers can be read."
-        if getattr(broker, "kind", "") == "rabbitmq"
-        else "Give the poller access to the broker's configuration (management or monitoring"
-        " URL) on the broker declaration."
-    )
+    kind = getattr(getattr(channel, "broker", None), "kind", "")
+    if kind == "rabbitmq":
+        fix = (
+            "Enable the rabbitmq_management plugin and declare its URL (http://host:15672) on"
+            " the broker, so the queue's type, dead-lettering, limits and consumers can be read."
+        )
+    elif kind == "activemq":
+        # ActiveMQ takes no management URL here: its statistics come over STOMP.
+        fix = (
+            "Add <statisticsBrokerPlugin/> to the broker's <plugins> (and XStream/Jettison on"
+            " its classpath for STOMP's jms-map-json) and restart it, so the queue's depth and"
+            " consumers can be read over STOMP."
+        )
+    else:
+        fix = (
+            "Give the poller access to the broker's configuration (management or monitoring"
+            " URL) on the broker declaration."
+        )
     return _finding(
         "observed.unchecked",
         WARNING,

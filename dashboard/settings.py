@@ -417,5 +417,7 @@ LOGGING = {
         "httpx": {"level": "WARNING"},
         "httpcore": {"level": "WARNING"},
         "pika": {"level": "WARNING"},
+        # stomp.py logs every connection it opens (ActiveMQ: one per poll, drain, publisher).
+        "stomp.py": {"level": "WARNING"},
     },
 }

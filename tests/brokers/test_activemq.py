@@ -55,12 +55,34 @@ def adapter(**options: Any) -> ActiveMQAdapter:
     return built
 
 
+def require_activemq(url: str = STOMP_URL) -> None:
+    """Every ActiveMQ test's check: skip when the broker does not answer on ``url``, naming
+    how to start it; fail under ``CI=true``, where it must be up."""
+    try:
+        ActiveMQAdapter(url, timeout=3.0).ping()
+    except BrokerError as exc:
+        broker_required(f"ActiveMQ (STOMP on {url}; tests/activemq/start.sh)", exc)
+
+
 @pytest.fixture(scope="module")
 def activemq() -> None:
-    try:
-        adapter(timeout=3.0).ping()
-    except BrokerError as exc:
-        broker_required("ActiveMQ (STOMP on 127.0.0.1:61613; tests/activemq/start.sh)", exc)
+    require_activemq()
+
+
+def test_without_activemq_its_tests_skip_with_how_to_start_it_and_fail_in_ci(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import socket
+
+    with socket.socket() as sock:  # a port nothing listens on: the broker is "absent"
+        sock.bind(("127.0.0.1", 0))
+        closed = f"stomp://127.0.0.1:{sock.getsockname()[1]}"
+    monkeypatch.delenv("CI", raising=False)
+    with pytest.raises(pytest.skip.Exception, match="tests/activemq/start.sh"):
+        require_activemq(closed)
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(pytest.fail.Exception, match="ActiveMQ .* is not reachable"):
+        require_activemq(closed)
 
 
 def unique(prefix: str = "q") -> str:
@@ -528,6 +550,39 @@ def test_without_the_statistics_plugin_every_number_is_unknown_with_the_fix(
         assert (stats.produced, stats.acked, stats.redelivered) == (None,) * 3
     assert len(result.limits) == 1 and "<statisticsBrokerPlugin/>" in result.limits[0]
     assert plain.inspect([queue])[queue].kind is None  # nothing read, nothing claimed
+
+
+@pytest.mark.django_db
+def test_without_the_statistics_plugin_the_channel_says_what_is_unknown_and_the_fix(
+    plain_activemq: str, viewer: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The board's side of the test above (as RabbitMQ without its management API): numbers
+    unknown, never 0, the state UNKNOWN, and the page names the fix, not another broker's."""
+    from channels_registry.actions import do_poll_broker
+    from channels_registry.health import HealthState
+    from channels_registry.models import BrokerKind, ChannelHealth
+    from tests.conftest import client_for, make_broker, make_channel
+
+    monkeypatch.setenv("DLO_BROKER_TEST_PLAIN_STOMP", plain_activemq)
+    broker = make_broker(
+        name="plain", kind=BrokerKind.ACTIVEMQ, url_env="DLO_BROKER_TEST_PLAIN_STOMP"
+    )
+    queue = unique("plain-page")
+    channel = make_channel(broker, address=queue, dlq_address=f"DLQ.{queue}", poison_address="")
+
+    outcome = do_poll_broker(broker.pk)
+
+    assert outcome.status == "ok", outcome.errors
+    health = ChannelHealth.objects.get(channel=channel)
+    assert health.state == HealthState.UNKNOWN
+    assert (health.backlog, health.in_flight, health.consumers, health.dlq_depth) == (None,) * 4
+    assert any("<statisticsBrokerPlugin/>" in line for line in health.evidence)
+    [unchecked] = health.observed_findings
+    assert unchecked["code"] == "observed.unchecked"
+    assert "statisticsBrokerPlugin" in unchecked["fix"]
+    page = client_for(viewer).get(channel.get_absolute_url()).content.decode()
+    assert "&lt;statisticsBrokerPlugin/&gt;" in page
+    assert "matches the declaration" not in page
 
 
 def test_the_hostile_corpus_round_trips_and_an_oversized_frame_is_refused_not_an_outage(

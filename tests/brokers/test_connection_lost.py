@@ -26,6 +26,7 @@ URLS = {
     "rabbitmq": "amqp://guest:guest@127.0.0.1:{port}/%2F",
     "redis": "redis://127.0.0.1:{port}/0",
     "nats": "nats://127.0.0.1:{port}",
+    "activemq": "stomp://127.0.0.1:{port}",
 }
 
 
@@ -46,6 +47,27 @@ def test_a_redis_publisher_whose_server_went_away_reports_connection_lost() -> N
     [outcome] = publisher.publish([OutgoingMessage("k", b"x", {"h": "v"})])
     assert outcome.connection_lost and not outcome.refused and not outcome.confirmed
     publisher.close()
+
+
+def test_an_activemq_publisher_whose_broker_went_away_reports_connection_lost() -> None:
+    """The connection breaks under an open publisher (a proxy in front of the shared broker
+    is cut): every message of the batch is ``connection_lost``, none refused or confirmed."""
+    from brokers.activemq import ActiveMQAdapter
+    from tests.brokers.test_activemq import require_activemq
+    from tests.faultproxy import FaultProxy
+
+    require_activemq()
+    proxy = FaultProxy(("127.0.0.1", 61613))
+    try:
+        adapter = ActiveMQAdapter(f"stomp://127.0.0.1:{proxy.port}", timeout=2.0)
+        publisher = adapter.open_publisher(Address("dlo-nowhere"))
+        proxy.cut()
+        outcomes = publisher.publish([OutgoingMessage(f"k{i}", b"x", {"h": "v"}) for i in range(3)])
+        assert [o.key for o in outcomes] == ["k0", "k1", "k2"]
+        assert all(o.connection_lost and not o.refused and not o.confirmed for o in outcomes)
+        publisher.close()
+    finally:
+        proxy.close()
 
 
 def test_a_bad_credential_is_permanent_not_connection_lost() -> None:

@@ -12,6 +12,7 @@ import pytest
 from tests.conftest import broker_required
 
 RABBIT_URL = "amqp://guest:guest@127.0.0.1:5672/%2F"
+STOMP_URL = "stomp://127.0.0.1:61613"
 
 
 @pytest.fixture
@@ -31,3 +32,20 @@ def amqp() -> Iterator[Any]:
             channel.queue_delete(name)
     with contextlib.suppress(Exception):
         connection.close()
+
+
+@pytest.fixture
+def amq(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """A STOMP application client (``tests.brokers.test_activemq.App``) on the loopback
+    ActiveMQ, and ``DLO_BROKER_TEST_STOMP_URL`` pointing at it. STOMP cannot delete queues:
+    the broker collects the empty ones (tests/activemq/activemq.xml), so a test drains what
+    it leaves behind."""
+    from tests.brokers.test_activemq import App, require_activemq
+
+    require_activemq(STOMP_URL)
+    monkeypatch.setenv("DLO_BROKER_TEST_STOMP_URL", STOMP_URL)
+    client = App()
+    try:
+        yield client
+    finally:
+        client.close()

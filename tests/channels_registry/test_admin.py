@@ -180,6 +180,8 @@ def test_management_url_is_for_rabbitmq_and_nats_only() -> None:
     assert "management_url" in errors("nats", "nats://127.0.0.1:8222")
     assert "management_url" in errors("nats", "http://u:secret@127.0.0.1:8222")
     assert "management_url" in errors("redis", "http://127.0.0.1:8222")
+    # ActiveMQ's health comes over STOMP (the statistics plugin): no management URL is read.
+    assert "management_url" in errors("activemq", "http://127.0.0.1:8161")
     assert errors("rabbitmq", "http://127.0.0.1:15672") == {}
 
 

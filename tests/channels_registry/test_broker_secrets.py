@@ -111,6 +111,9 @@ def test_scrub_removes_urls_passwords_and_tokens() -> None:
         ("rabbitmq", f"amqp://guest:{SECRET}@127.0.0.1:1/%2F"),  # refused connection
         ("redis", f"redis://:{SECRET}@127.0.0.1:notaport/0"),
         ("redis", f"rediss://:{SECRET}@[::1/0"),
+        ("activemq", f"stomp://user:{SECRET}@127.0.0.1:bad"),
+        ("activemq", f"stomp://user:{SECRET}@127.0.0.1:1"),  # refused connection
+        ("activemq", f"{SECRET}://x"),
     ],
     # Fixed ids: the secret is random per process, and pytest-xdist needs every worker to
     # collect the same test names.
@@ -121,6 +124,9 @@ def test_scrub_removes_urls_passwords_and_tokens() -> None:
         "rabbitmq-refused",
         "redis-port",
         "rediss-host",
+        "activemq-port",
+        "activemq-refused",
+        "activemq-scheme",
     ],
 )
 def test_a_failing_poll_never_shows_the_url_or_its_password(
@@ -134,7 +140,10 @@ def test_a_failing_poll_never_shows_the_url_or_its_password(
     monkeypatch.setenv("DLO_BROKER_TEST_SECRET_URL", value)
     broker = make_broker(name="leaky", kind=kind, url_env="DLO_BROKER_TEST_SECRET_URL")
     channel = make_channel(
-        broker, address="s", address_group="" if kind == "rabbitmq" else "g", dlq_address="s.dlq"
+        broker,
+        address="s",
+        address_group="" if kind in ("rabbitmq", "activemq") else "g",
+        dlq_address="s.dlq",
     )
     with caplog.at_level(logging.DEBUG):
         outcome = do_poll_broker(broker.pk)

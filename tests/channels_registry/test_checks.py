@@ -21,8 +21,9 @@ def codes(**overrides: Any) -> dict[str, str]:
     return {f.code: f.severity for f in check_channel(channel)}
 
 
-def test_good_contract_has_no_findings() -> None:
-    assert codes() == {}
+@pytest.mark.parametrize("kind", [BrokerKind.RABBITMQ, BrokerKind.ACTIVEMQ])
+def test_good_contract_has_no_findings(kind: str) -> None:
+    assert codes(kind=kind) == {}
 
 
 @pytest.mark.parametrize(
@@ -108,6 +109,11 @@ def test_fifo_groups_are_fine_on_nats() -> None:
     assert "fifo-not-provided" not in codes(
         ordering="fifo-group", kind=BrokerKind.NATS, address_group="c"
     )
+
+
+def test_fifo_groups_are_fine_on_activemq() -> None:
+    """ActiveMQ Classic's message groups (JMSXGroupID) pin a group to one consumer."""
+    assert "fifo-not-provided" not in codes(ordering="fifo-group", kind=BrokerKind.ACTIVEMQ)
 
 
 def test_errors_come_first() -> None:

@@ -20,6 +20,7 @@ from nats.js.api import AckPolicy, ConsumerConfig
 
 from alerts.evaluate import do_evaluate_alerts
 from alerts.models import Alert, AlertState, RuleKey
+from brokers.activemq import ActiveMQAdapter
 from brokers.base import Address
 from brokers.nats_jetstream import NatsJetStreamAdapter
 from brokers.rabbitmq import RabbitMQAdapter
@@ -119,6 +120,49 @@ def test_two_active_consumers_on_a_per_key_queue_are_a_finding(
         workers.close()
     codes = {f["code"] for f in ChannelHealth.objects.get(channel=channel).observed_findings}
     assert ("observed.competing-consumers" in codes) is flagged
+
+
+# --- items 1 and 2 on ActiveMQ ---------------------------------------------------------------
+# A declared DLQ.<queue> the broker does not have yet is not "missing" on ActiveMQ: it creates a
+# dead-letter queue with its first dead letter, so the RabbitMQ case above has no counterpart
+# (the test below checks that it raises nothing).
+
+
+@pytest.mark.parametrize(
+    ("pinned", "flagged"), [({}, True), ({"partition_mechanism": "consistent-hash"}, False)]
+)
+def test_two_stomp_consumers_on_a_per_key_activemq_queue_are_a_finding(
+    amq: Any, pinned: dict[str, Any], flagged: bool
+) -> None:
+    queue = f"indiv.dlo-contract.{uuid.uuid4().hex[:10]}"
+    amq.send(queue, b"x")
+    broker = make_broker(
+        name="activemq", kind=BrokerKind.ACTIVEMQ, url_env="DLO_BROKER_TEST_STOMP_URL"
+    )
+    channel = make_channel(
+        broker, address=queue, dlq_address=f"DLQ.{queue}", poison_address="", **pinned
+    )
+    for n in range(2):  # two workers on one queue: the shared subscription
+        amq.conn.subscribe(f"/queue/{queue}", f"w{n}", ack="client-individual")
+    amq.wait(1)
+    try:
+        for _ in range(40):  # bounded: the broker registers consumers asynchronously
+            assert do_poll_broker(broker.pk, force=True).status == "ok"
+            health = ChannelHealth.objects.get(channel=channel)
+            if health.consumers == 2:
+                break
+            time.sleep(0.25)
+    finally:
+        for n in range(2):
+            amq.conn.unsubscribe(f"w{n}")
+    assert health.consumers == 2
+    codes = {f["code"] for f in health.observed_findings}
+    assert ("observed.competing-consumers" in codes) is flagged
+    assert "observed.dead-letter-missing" not in codes  # DLQ.<queue> holds none yet
+    do_evaluate_alerts()
+    assert not Alert.objects.filter(channel=channel, rule=RuleKey.DEAD_LETTER_MISSING).exists()
+    with ActiveMQAdapter("stomp://127.0.0.1:61613").drain(Address(queue)) as session:
+        session.ack(session.fetch(1, wait_s=3.0))
 
 
 # --- items 3 and 7 on RabbitMQ: consumer timeout, prefetch, retention ---------------------

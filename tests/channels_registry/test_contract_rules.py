@@ -35,7 +35,7 @@ def found(**overrides: Any) -> dict[str, str]:
 # --- item 1: shared subscription and per-key order --------------------------------------
 
 
-@pytest.mark.parametrize("kind", [BrokerKind.RABBITMQ, BrokerKind.NATS])
+@pytest.mark.parametrize("kind", [BrokerKind.RABBITMQ, BrokerKind.NATS, BrokerKind.ACTIVEMQ])
 def test_shared_subscription_with_per_key_order_is_an_error(kind: str) -> None:
     extra = {"address_group": "g"} if kind == BrokerKind.NATS else {}
     assert found(kind=kind, shared_subscription=True, **extra)["shared-sub-breaks-order"] == ERROR

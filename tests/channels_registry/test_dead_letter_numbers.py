@@ -69,3 +69,18 @@ def test_rabbitmq_dlq_queue_is_both_not_yet_ingested_and_the_total() -> None:
     assert dead_letter_total((dlq,), stats) == 5
     over_amqp = {dlq: ChannelStats(dlq, backlog=4)}  # ready count only: the total is unknown
     assert dead_letter_total((dlq,), over_amqp) is None
+
+
+def test_activemq_dlq_is_both_not_yet_ingested_and_the_total_and_absent_is_none() -> None:
+    """ActiveMQ's statistics: ``size`` counts every message not yet acknowledged, in flight
+    included. A DLQ.<queue> the broker does not have yet holds none (ActiveMQ creates it with
+    its first dead letter): 0 on both numbers, never unknown."""
+    from brokers.activemq import _absent, _sample
+
+    dlq = Address("DLQ.orders")
+    stats = {dlq: _sample(dlq, {"size": 5, "inflightCount": 1, "dispatchCount": 1}, 0.0)}
+    assert dead_letter_depth((dlq,), stats)[0] == 5
+    assert dead_letter_total((dlq,), stats) == 5
+    absent = {dlq: _absent(dlq, 0.0)}
+    assert dead_letter_depth((dlq,), absent)[0] == 0
+    assert dead_letter_total((dlq,), absent) == 0

@@ -12,6 +12,7 @@ import contextlib
 import datetime as dt
 import os
 import signal
+import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -57,6 +58,22 @@ def _queue(channel: Any, depth: int, **arguments: Any) -> str:
     for i in range(depth):
         channel.basic_publish("", name, f"m{i}".encode())
     return name
+
+
+def _drain(queue: str, count: int) -> None:
+    """Take ``count`` messages off an ActiveMQ queue (STOMP cannot delete it), bounded."""
+    from brokers.activemq import ActiveMQAdapter
+    from brokers.base import Address
+
+    taken = 0
+    with ActiveMQAdapter("stomp://127.0.0.1:61613").drain(Address(queue)) as session:
+        for _ in range(count + 1):
+            batch = session.fetch(count - taken, wait_s=2.0)
+            session.ack(batch)
+            taken += len(batch)
+            if not batch or taken >= count:
+                break
+    assert taken == count
 
 
 @pytest.fixture
@@ -208,11 +225,15 @@ def test_rabbitmq_quorum_topology_findings(
     )
 
 
+DOWN = {"rabbitmq": "amqp://guest:guest@127.0.0.1:1/%2F", "activemq": "stomp://127.0.0.1:1"}
+
+
+@pytest.mark.parametrize("kind", sorted(DOWN))
 def test_wrong_port_is_stale_never_ok_and_the_board_still_renders(
-    monkeypatch: pytest.MonkeyPatch, viewer: Any
+    monkeypatch: pytest.MonkeyPatch, viewer: Any, kind: str
 ) -> None:
-    monkeypatch.setenv("DLO_BROKER_TEST_DEAD_RABBIT", "amqp://guest:guest@127.0.0.1:1/%2F")
-    broker = make_broker(name="down", url_env="DLO_BROKER_TEST_DEAD_RABBIT")
+    monkeypatch.setenv("DLO_BROKER_TEST_DEAD_URL", DOWN[kind])
+    broker = make_broker(name="down", kind=kind, url_env="DLO_BROKER_TEST_DEAD_URL")
     channel = make_channel(broker, address="orders")
     ChannelHealth.objects.create(channel=channel, state=HealthState.OK, updated_at=timezone.now())
 
@@ -334,6 +355,88 @@ def test_poll_command_prints_summary_and_fails_when_every_broker_fails(
     with pytest.raises(CommandError, match="every broker failed"):
         call_command("poll", "--once")
     assert "rabbit: failed" in capsys.readouterr().out
+
+
+# --- ActiveMQ Classic (the statistics plugin over STOMP) ------------------------------------
+
+
+@pytest.fixture
+def activemq_broker(amq: Any) -> Any:
+    return make_broker(
+        name="activemq", kind=BrokerKind.ACTIVEMQ, url_env="DLO_BROKER_TEST_STOMP_URL"
+    )
+
+
+def _poll_until(broker: Any, channel: Any, done: Any) -> ChannelSample:
+    """ActiveMQ's statistics are live and a consumer's prefetch is dispatched asynchronously:
+    poll again, a bounded number of times, until ``done(sample)``."""
+    sample = None
+    for _ in range(40):
+        outcome = do_poll_broker(broker.pk, force=True)
+        assert outcome.status == "ok", outcome.errors
+        sample = ChannelSample.objects.filter(channel=channel).latest("taken_at")
+        if done(sample):
+            break
+        time.sleep(0.25)
+    assert sample is not None
+    return sample
+
+
+def test_activemq_poll_samples_depth_in_flight_dlq_and_stopped(
+    amq: Any, activemq_broker: Any
+) -> None:
+    queue = f"indiv.dlo-poll.{uuid.uuid4().hex[:10]}"
+    for i in range(7):
+        amq.send(queue, b"m%d" % i)
+    for i in range(2):
+        amq.send(f"DLQ.{queue}", b"dead %d" % i)
+    channel = make_channel(
+        activemq_broker, address=queue, dlq_address=f"DLQ.{queue}", poison_address=""
+    )
+    try:
+        sample = _poll_until(activemq_broker, channel, lambda s: s.backlog == 7)
+        assert (sample.backlog, sample.in_flight, sample.consumers) == (7, 0, 0)
+        assert (sample.retained, sample.produced, sample.dlq_depth) == (7, 7, 2)
+        assert sample.exists is True and sample.stale is False
+        health = ChannelHealth.objects.get(channel=channel)
+        assert health.state == HealthState.STOPPED
+        assert health.evidence[0] == "7 messages waiting and no active consumer."
+        assert DlqFlag.NONEMPTY in health.dlq_flags
+
+        amq.conn.subscribe(
+            f"/queue/{queue}", "hold", ack="client-individual",
+            headers={"activemq.prefetchSize": "2"},
+        )  # fmt: skip
+        amq.wait(2)
+        sample = _poll_until(activemq_broker, channel, lambda s: s.in_flight == 2)
+        assert (sample.backlog, sample.in_flight, sample.consumers) == (5, 2, 1)
+        assert ChannelHealth.objects.get(channel=channel).state != HealthState.STOPPED
+
+        amq.conn.unsubscribe("hold")  # the two unacked messages go back to the queue
+        sample = _poll_until(activemq_broker, channel, lambda s: s.consumers == 0)
+        assert (sample.backlog, sample.in_flight, sample.consumers) == (7, 0, 0)
+        assert sample.redelivered == 2
+        assert ChannelHealth.objects.get(channel=channel).state == HealthState.STOPPED
+    finally:
+        _drain(queue, 7)
+        _drain(f"DLQ.{queue}", 2)
+
+
+def test_activemq_missing_queue_is_unknown_and_flagged_as_observed(
+    amq: Any, activemq_broker: Any
+) -> None:
+    channel = make_channel(
+        activemq_broker,
+        address=f"dlo-missing.{uuid.uuid4().hex[:10]}",
+        dlq_address="",
+        poison_address="",
+    )
+    assert do_poll_broker(activemq_broker.pk).status == "ok"
+    sample = ChannelSample.objects.get(channel=channel)
+    assert sample.exists is False and sample.backlog is None
+    health = ChannelHealth.objects.get(channel=channel)
+    assert health.state == HealthState.UNKNOWN
+    assert [f["code"] for f in health.observed_findings] == ["observed.address-missing"]
 
 
 # --- Redis Streams ---------------------------------------------------------------------------

@@ -46,7 +46,7 @@ def hung_endpoint() -> Iterator[str]:
 
     thread = threading.Thread(target=accept, daemon=True)
     thread.start()
-    yield f"redis://127.0.0.1:{server.getsockname()[1]}/0"
+    yield f"127.0.0.1:{server.getsockname()[1]}"
     stop.set()
     thread.join(timeout=2)
     for conn in held:
@@ -54,9 +54,20 @@ def hung_endpoint() -> Iterator[str]:
     server.close()
 
 
-@pytest.fixture
+#: The hung broker's kind → (its URL at the hung endpoint, its channel's address fields).
+HUNG: dict[str, tuple[str, dict[str, str]]] = {
+    BrokerKind.REDIS: ("redis://{}/0", {"address": "hung", "address_group": "g"}),
+    # STOMP: the TCP connection opens and CONNECTED never comes.
+    BrokerKind.ACTIVEMQ: ("stomp://{}", {"address": "hung"}),
+}
+
+
+@pytest.fixture(params=sorted(HUNG))
 def brokers(
-    hung_endpoint: str, monkeypatch: pytest.MonkeyPatch, settings: Any
+    request: pytest.FixtureRequest,
+    hung_endpoint: str,
+    monkeypatch: pytest.MonkeyPatch,
+    settings: Any,
 ) -> Iterator[list[str]]:
     client = redis.Redis.from_url(REDIS_URL)
     try:
@@ -67,14 +78,15 @@ def brokers(
     stream = f"dlo-hung-{uuid.uuid4().hex[:8]}"
     client.xadd(stream, {"body": b"x"})
     client.xgroup_create(stream, "g", id="0")
-    monkeypatch.setenv("DLO_BROKER_TEST_HUNG_URL", hung_endpoint)
+    url, address = HUNG[request.param]
+    monkeypatch.setenv("DLO_BROKER_TEST_HUNG_URL", url.format(hung_endpoint))
     monkeypatch.setenv("DLO_BROKER_TEST_HEALTHY_URL", REDIS_URL)
     # "a-hung" sorts first: a sequential poll would wait out its timeout before the other.
-    hung = make_broker(name="a-hung", kind=BrokerKind.REDIS, url_env="DLO_BROKER_TEST_HUNG_URL")
+    hung = make_broker(name="a-hung", kind=request.param, url_env="DLO_BROKER_TEST_HUNG_URL")
     healthy = make_broker(
         name="b-healthy", kind=BrokerKind.REDIS, url_env="DLO_BROKER_TEST_HEALTHY_URL"
     )
-    make_channel(hung, slug="hung", address="hung", address_group="g", **NO_DLQ)
+    make_channel(hung, slug="hung", **address, **NO_DLQ)
     make_channel(healthy, slug="ok", address=stream, address_group="g", **NO_DLQ)
     yield [hung.name, healthy.name]
     client.delete(stream)

@@ -1,5 +1,6 @@
 """Poll faults found under real traffic (issue 22, item 6), against the real brokers: a missing
-group or consumer is named precisely, a missing RabbitMQ queue is one log line."""
+group or consumer is named precisely, a missing RabbitMQ queue is one log line, a missing
+ActiveMQ queue none."""
 
 # ruff: noqa: F811 - fixtures imported from the neighbouring modules
 from __future__ import annotations
@@ -119,3 +120,23 @@ def _race(silent: Any, scheduler: Any, redis_client: redis.Redis, monkeypatch: A
                 break
     assert outcomes == ["healthy", "healthy", "healthy"]
     assert set(scheduler.running.values()) == {hung.pk}  # still waiting out its timeout
+
+
+def test_polling_a_missing_activemq_queue_logs_nothing_from_stomp(
+    amq: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A missing queue is the statistics plugin's empty answer: no error, no wait, and none
+    of stomp.py's per-connection chatter in the poller's log (one connection per poll)."""
+    import uuid
+
+    broker = make_broker(
+        name="activemq", kind=BrokerKind.ACTIVEMQ, url_env="DLO_BROKER_TEST_STOMP_URL"
+    )
+    queue = f"dlo-missing.{uuid.uuid4().hex[:10]}"
+    channel = make_channel(broker, address=queue, dlq_address="", poison_address="")
+    caplog.set_level(logging.INFO)
+
+    assert do_poll_broker(broker.pk).status == "ok"  # the first poll also inspects
+
+    assert ChannelSample.objects.get(channel=channel).exists is False
+    assert [r for r in caplog.records if r.name.startswith("stomp")] == []

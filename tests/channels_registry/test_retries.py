@@ -142,6 +142,51 @@ def test_nats_naked_with_delay_is_bounded_by_ack_pending_and_not_listed(
     assert _board_cell(viewer, "orders").startswith('unknown<div class="sub why">NATS counts a nak')
 
 
+def test_activemq_redelivery_is_client_side_unknown_and_never_read_by_consuming(
+    amq: Any, viewer: User
+) -> None:
+    """ActiveMQ redelivers from the JMS client's session: nothing on the broker lists what
+    waits for a retry. Two messages given back by a consumer (redelivered) stay unknown, with
+    the reason, and reading the section consumes nothing."""
+    import uuid
+
+    from brokers.activemq import ActiveMQAdapter
+    from brokers.base import Address
+
+    queue = f"dlo-retry.{uuid.uuid4().hex[:10]}"
+    for i in range(2):
+        amq.send(queue, b"m%d" % i)
+    amq.conn.subscribe(f"/queue/{queue}", "fail", ack="client-individual")
+    amq.wait(2)
+    amq.conn.unsubscribe("fail")  # processing failed: given back, to be redelivered
+    broker = make_broker(
+        name="activemq", kind=BrokerKind.ACTIVEMQ, url_env="DLO_BROKER_TEST_STOMP_URL"
+    )
+    make_channel(broker, address=queue, dlq_address="", poison_address="")
+
+    partial = _section(viewer, "orders", htmx=True)
+
+    assert '<dd id="retry-count">unknown</dd>' in partial
+    assert "the broker cannot list what waits for a retry" in partial
+    assert "<table" not in partial
+
+    assert do_poll_broker(broker.pk).status == "ok"
+    health = ChannelHealth.objects.get(channel__slug="orders")
+    assert health.retry_waiting is None
+    assert health.retry_unknown == (
+        "ActiveMQ retries from the client (a JMS RedeliveryPolicy, or a re-send the broker's"
+        " scheduler holds): no queue statistic counts them"
+    )
+    assert _board_cell(viewer, "orders").startswith(
+        'unknown<div class="sub why">ActiveMQ retries from the client'
+    )
+    with ActiveMQAdapter("stomp://127.0.0.1:61613").drain(Address(queue)) as session:
+        left = session.fetch(2, wait_s=3.0)  # both still on the broker
+        left += session.fetch(2 - len(left), wait_s=1.0) if len(left) < 2 else []
+        session.ack(left)
+    assert sorted(x.body for x in left) == [b"m0", b"m1"]
+
+
 def test_an_unreachable_broker_makes_every_retry_number_unknown(
     viewer: User, monkeypatch: pytest.MonkeyPatch
 ) -> None:

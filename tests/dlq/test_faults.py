@@ -211,36 +211,44 @@ def _wait_rows(db: str, proc: subprocess.Popen[bytes], at_least: int) -> int:
     return rows
 
 
-def test_kill_9_at_a_random_point_loses_and_duplicates_nothing(fault_env: dict[str, Any]) -> None:
-    proc = ingest_process(fault_env)
-    _wait_rows(fault_env["db"], proc, random.randint(1, 5000))
+# -- the cases, shared by every broker's kill -9 tests (test_faults_activemq.py) --------------
+#: ``depth(queue, wanted, timeout=20.0)``: the DLQ's depth once it is ``wanted`` (bounded).
+Depth = Callable[..., int]
+
+
+def kill_9_case(fault: dict[str, Any], depth: Depth) -> None:
+    """The ingester killed -9 at a random point, then run to completion."""
+    proc = ingest_process(fault)
+    _wait_rows(fault["db"], proc, random.randint(1, 5000))
     time.sleep(random.uniform(0, 0.3))
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert proc.returncode == -signal.SIGKILL, "the ingester finished before the kill"
-    killed_at = _rows(fault_env["db"])
+    killed_at = _rows(fault["db"])
     assert 0 < killed_at < COUNT
     # The broker still has everything not acknowledged (at least what was not committed).
-    assert _wait_depth(fault_env["queue"], -1, timeout=2) >= COUNT - killed_at
-    _run_to_completion(fault_env)
-    assert_complete(fault_env)
+    assert depth(fault["queue"], -1, timeout=2) >= COUNT - killed_at
+    _run_to_completion(fault)
+    assert_complete(fault, depth)
 
 
-def test_crash_between_commit_and_ack_is_deduplicated(fault_env: dict[str, Any]) -> None:
-    proc = ingest_process(fault_env, DLO_TEST_CRASH_AFTER_COMMIT="1")
+def crash_after_commit_case(fault: dict[str, Any], depth: Depth) -> None:
+    """The ingester dies between its first commit and the ack of that batch."""
+    proc = ingest_process(fault, DLO_TEST_CRASH_AFTER_COMMIT="1")
     proc.wait(timeout=120)
     assert proc.returncode == 137
-    committed = _rows(fault_env["db"])
+    committed = _rows(fault["db"])
     assert 0 < committed <= 500  # one batch committed ...
-    assert _wait_depth(fault_env["queue"], COUNT) == COUNT  # ... and none acknowledged
-    out = _run_to_completion(fault_env)
+    assert depth(fault["queue"], COUNT) == COUNT  # ... and none acknowledged
+    out = _run_to_completion(fault)
     assert f"{COUNT} fetched, {COUNT - committed} new, {committed} duplicates" in out
-    assert_complete(fault_env)
+    assert_complete(fault, depth)
 
 
-def test_database_lost_mid_drain_acks_nothing_uncommitted(fault_env: dict[str, Any]) -> None:
-    db = fault_env["db"]
-    proc = ingest_process(fault_env)
+def database_lost_case(fault: dict[str, Any], depth: Depth) -> None:
+    """The database goes away under the ingester: only committed batches are acknowledged."""
+    db = fault["db"]
+    proc = ingest_process(fault)
     _wait_rows(db, proc, 1000)
     with _pg() as conn:  # the database goes away under the ingester
         conn.execute(f'ALTER DATABASE "{db}" ALLOW_CONNECTIONS false')
@@ -254,6 +262,18 @@ def test_database_lost_mid_drain_acks_nothing_uncommitted(fault_env: dict[str, A
     committed = _rows(db)
     assert 0 < committed < COUNT
     # Only committed batches were acknowledged: the broker kept every other message.
-    assert _wait_depth(fault_env["queue"], COUNT - committed) == COUNT - committed
-    _run_to_completion(fault_env)
-    assert_complete(fault_env)
+    assert depth(fault["queue"], COUNT - committed) == COUNT - committed
+    _run_to_completion(fault)
+    assert_complete(fault, depth)
+
+
+def test_kill_9_at_a_random_point_loses_and_duplicates_nothing(fault_env: dict[str, Any]) -> None:
+    kill_9_case(fault_env, _wait_depth)
+
+
+def test_crash_between_commit_and_ack_is_deduplicated(fault_env: dict[str, Any]) -> None:
+    crash_after_commit_case(fault_env, _wait_depth)
+
+
+def test_database_lost_mid_drain_acks_nothing_uncommitted(fault_env: dict[str, Any]) -> None:
+    database_lost_case(fault_env, _wait_depth)

@@ -1,4 +1,6 @@
-"""Ingest under kill -9 on ActiveMQ Classic (the RabbitMQ version: ``test_faults.py``).
+"""Ingest under kill -9 on ActiveMQ Classic: the cases of ``test_faults.py`` (RabbitMQ), run on
+an ActiveMQ DLQ (a kill -9 at a random point, a crash between commit and ack, the database lost
+mid-drain).
 
 10,000 dead letters (distinct bodies, a tenth binary) wait in a ``DLQ.<queue>``; the ingester
 runs as a subprocess (``manage.py ingest --once``) on its own PostgreSQL database and is killed
@@ -11,7 +13,6 @@ from __future__ import annotations
 
 import hashlib
 import random
-import signal
 import time
 import uuid
 from collections.abc import Iterator
@@ -24,13 +25,11 @@ from brokers.base import Address, OutgoingMessage
 from tests.dlq.test_faults import (
     COUNT,
     _pg,
-    _rows,
-    _run_to_completion,
-    _wait_rows,
-    assert_complete,
+    crash_after_commit_case,
+    database_lost_case,
     drop_fault_database,
     fault_database,
-    ingest_process,
+    kill_9_case,
 )
 
 pytestmark = [pytest.mark.slow, pytest.mark.broker, pytest.mark.timeout(600)]
@@ -96,27 +95,14 @@ def fault_env() -> Iterator[dict[str, Any]]:
 def test_activemq_kill_9_at_a_random_point_loses_and_duplicates_nothing(
     fault_env: dict[str, Any],
 ) -> None:
-    proc = ingest_process(fault_env)
-    _wait_rows(fault_env["db"], proc, random.randint(1, 5000))
-    time.sleep(random.uniform(0, 0.3))
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    assert proc.returncode == -signal.SIGKILL, "the ingester finished before the kill"
-    killed_at = _rows(fault_env["db"])
-    assert 0 < killed_at < COUNT
-    # Everything not acknowledged is back on the broker (at least what was not committed).
-    assert _wait_depth(fault_env["queue"], -1, timeout=2) >= COUNT - killed_at
-    _run_to_completion(fault_env)
-    assert_complete(fault_env, _wait_depth)
+    kill_9_case(fault_env, _wait_depth)
 
 
 def test_activemq_crash_between_commit_and_ack_is_deduplicated(fault_env: dict[str, Any]) -> None:
-    proc = ingest_process(fault_env, DLO_TEST_CRASH_AFTER_COMMIT="1")
-    proc.wait(timeout=120)
-    assert proc.returncode == 137
-    committed = _rows(fault_env["db"])
-    assert 0 < committed <= 500  # one batch committed ...
-    assert _wait_depth(fault_env["queue"], COUNT) == COUNT  # ... and none acknowledged
-    out = _run_to_completion(fault_env)
-    assert f"{COUNT} fetched, {COUNT - committed} new, {committed} duplicates" in out
-    assert_complete(fault_env, _wait_depth)
+    crash_after_commit_case(fault_env, _wait_depth)
+
+
+def test_activemq_database_lost_mid_drain_acks_nothing_uncommitted(
+    fault_env: dict[str, Any],
+) -> None:
+    database_lost_case(fault_env, _wait_depth)

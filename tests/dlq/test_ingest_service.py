@@ -1,5 +1,5 @@
 """Ingest and poll as real processes under faults: two workers on one Redis channel, the
-long-running commands through a PostgreSQL outage and a broker outage, SIGTERM."""
+long-running commands through a PostgreSQL outage and a broker outage (Redis, ActiveMQ), SIGTERM."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import os
 import re
 import signal
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -26,6 +27,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.broker, pytest.mark.timeout(600)]
 __all__ = ["proc_db", "proc_db_module"]  # the fixtures
 
 REDIS_URL = os.environ.get("DLO_TEST_LAYER_REDIS_URL", "redis://127.0.0.1:6379/0")
+STOMP_URL = os.environ.get("DLO_TEST_ACTIVEMQ_URL", "stomp://127.0.0.1:61613")
 SUMMARY = re.compile(r"(\d+) fetched, (\d+) new, (\d+) duplicates")
 WAITING = re.compile(r"(\d+) waiting unfetched")
 
@@ -83,55 +85,54 @@ def test_two_ingest_workers_on_one_redis_channel_read_each_entry_once(proc_db: P
         client.close()
 
 
-def test_long_running_ingest_and_poll_ride_out_database_and_broker_outages(
-    proc_db: ProcDb, tmp_path: Path
+def _ride_out_outages(
+    db: ProcDb,
+    tmp_path: Path,
+    slug: str,
+    env: dict[str, str],
+    dead_letter: Callable[[int], None],
+    broker_down: Callable[[], None],
+    broker_up: Callable[[], None],
 ) -> None:
-    server = own_redis(tmp_path)
-    url = f"redis://127.0.0.1:{server.port}/0"
-    client = redis.Redis.from_url(url, socket_timeout=5)
-    stream, slug = "svc", f"svc-{uuid.uuid4().hex[:6]}"
-    client.xgroup_create(stream, "workers", id="0", mkstream=True)
-    _redis_channel(proc_db, slug, stream, "DLO_BROKER_TEST_SVC_REDIS")
-    env = {"DLO_BROKER_TEST_SVC_REDIS": url, "DLO_BROKER_TIMEOUT_S": "2"}
+    """``ingest`` and ``poll`` run as long-running processes on ``slug``'s channel through a
+    PostgreSQL outage and then a broker outage (``broker_down``, ``broker_up``); each says so in
+    one line, no traceback, and every dead letter (``dead_letter(n)`` adds n) is stored once."""
     logs = {"ingest": tmp_path / "ingest.log", "poll": tmp_path / "poll.log"}
-    ingest = proc_db.spawn("ingest", log=logs["ingest"], **env)
-    poll = proc_db.spawn("poll", log=logs["poll"], **env)
+    ingest = db.spawn("ingest", log=logs["ingest"], **env)
+    poll = db.spawn("poll", log=logs["poll"], **env)
     sent = 0
 
-    def dead_letter(n: int) -> None:
+    def more(n: int) -> None:
         nonlocal sent
-        for _ in range(n):
-            client.xadd(f"{stream}.dlq", {"body": b'{"n": %d}' % sent, "reason": b"failed"})
-            sent += 1
+        dead_letter(n)
+        sent += n
 
     def samples() -> int:
-        return int(proc_db.query("SELECT count(*) FROM channels_registry_channelsample")[0][0])
+        return int(db.query("SELECT count(*) FROM channels_registry_channelsample")[0][0])
 
     def said(name: str, text: str) -> bool:
         return text in logs[name].read_text()
 
     try:
-        dead_letter(50)
-        wait_until(lambda: _rows(proc_db, slug) == 50, 120, "the first 50 entries")
+        more(50)
+        wait_until(lambda: _rows(db, slug) == 50, 120, "the first 50 entries")
         # 1. PostgreSQL goes away (connections terminated, new ones refused) and comes back.
-        proc_db.cut()
-        dead_letter(50)
+        db.cut()
+        more(50)
         wait_until(lambda: said("ingest", "database unavailable"), 120, "ingest to notice")
         wait_until(lambda: said("poll", "database unavailable"), 120, "poll to notice")
-        proc_db.restore()
-        wait_until(lambda: _rows(proc_db, slug) == 100, 180, "ingest after the database outage")
+        db.restore()
+        wait_until(lambda: _rows(db, slug) == 100, 180, "ingest after the database outage")
         before = samples()
         wait_until(lambda: samples() > before, 180, "poll after the database outage")
-        # 2. The broker is killed (kill -9) and restarted on the same port.
-        server.kill()
-        client.close()
+        # 2. The broker goes away and comes back on the same port.
+        broker_down()
         wait_until(lambda: said("ingest", "broker unavailable"), 120, "ingest to notice")
         failed = re.compile(rf"{slug}: failed, \d+ channel")
         wait_until(lambda: failed.search(logs["poll"].read_text()), 120, "poll to notice")
-        server.start()
-        client = redis.Redis.from_url(url, socket_timeout=5)
-        dead_letter(50)
-        wait_until(lambda: _rows(proc_db, slug) == 150, 240, "ingest after the broker outage")
+        broker_up()
+        more(50)
+        wait_until(lambda: _rows(db, slug) == 150, 240, "ingest after the broker outage")
         before = samples()
         wait_until(lambda: samples() > before, 180, "poll after the broker outage")
     finally:
@@ -141,8 +142,6 @@ def test_long_running_ingest_and_poll_ride_out_database_and_broker_outages(
         for proc in (ingest, poll):
             proc.wait(timeout=60)
         ingest_out, poll_out = logs["ingest"].read_text(), logs["poll"].read_text()
-        client.close()
-        server.stop()
     print(ingest_out[-3000:], poll_out[-3000:], sep="\n---\n")
     assert ingest.returncode == 0 and poll.returncode == 0
     for out in (ingest_out, poll_out):
@@ -150,7 +149,83 @@ def test_long_running_ingest_and_poll_ride_out_database_and_broker_outages(
         assert "database unavailable" in out
         assert out.rstrip().endswith("stopped")
     assert "broker unavailable" in ingest_out and "broker ok again" in ingest_out
-    assert _rows(proc_db, slug) == sent == 150
+    assert _rows(db, slug) == sent == 150
+
+
+def test_long_running_ingest_and_poll_ride_out_database_and_broker_outages(
+    proc_db: ProcDb, tmp_path: Path
+) -> None:
+    """On Redis: our own server, killed -9 and restarted."""
+    server = own_redis(tmp_path)
+    url = f"redis://127.0.0.1:{server.port}/0"
+    clients = [redis.Redis.from_url(url, socket_timeout=5)]
+    stream, slug = "svc", f"svc-{uuid.uuid4().hex[:6]}"
+    clients[0].xgroup_create(stream, "workers", id="0", mkstream=True)
+    _redis_channel(proc_db, slug, stream, "DLO_BROKER_TEST_SVC_REDIS")
+    sent = 0
+
+    def dead_letter(n: int) -> None:
+        nonlocal sent
+        for _ in range(n):
+            clients[0].xadd(f"{stream}.dlq", {"body": b'{"n": %d}' % sent, "reason": b"failed"})
+            sent += 1
+
+    def down() -> None:
+        server.kill()
+        clients[0].close()
+
+    def up() -> None:
+        server.start()
+        clients[0] = redis.Redis.from_url(url, socket_timeout=5)
+
+    env = {"DLO_BROKER_TEST_SVC_REDIS": url, "DLO_BROKER_TIMEOUT_S": "2"}
+    try:
+        _ride_out_outages(proc_db, tmp_path, slug, env, dead_letter, down, up)
+    finally:
+        clients[0].close()
+        server.stop()
+
+
+def test_long_running_ingest_and_poll_ride_out_database_and_activemq_outages(
+    proc_db: ProcDb, tmp_path: Path
+) -> None:
+    """On ActiveMQ: the shared broker must not be stopped, so the services reach it through a
+    TCP proxy (tests/faultproxy.py) that drops every connection and refuses new ones."""
+    from brokers.activemq import ActiveMQAdapter
+    from brokers.base import Address, OutgoingMessage
+    from tests.brokers.test_activemq import require_activemq
+    from tests.faultproxy import FaultProxy
+
+    require_activemq(STOMP_URL)
+    direct = ActiveMQAdapter(STOMP_URL, timeout=10.0)
+    proxy = FaultProxy(("127.0.0.1", 61613))
+    queue, slug = f"indiv.svc.{uuid.uuid4().hex[:8]}", f"svc-{uuid.uuid4().hex[:6]}"
+    proc_db.only_new_channels()
+    proc_db.shell(
+        "from channels_registry.models import Broker, Channel;"
+        f"b = Broker.objects.create(name='{slug}', kind='activemq',"
+        " url_env='DLO_BROKER_TEST_SVC_STOMP');"
+        f"Channel.objects.create(broker=b, name='{slug}', slug='{slug}', address='{queue}',"
+        f" dlq_address='DLQ.{queue}', poison_address='', semantic='at-least-once')"
+    )
+    sent = 0
+
+    def dead_letter(n: int) -> None:  # straight to the broker, past the proxy
+        nonlocal sent
+        messages = [
+            OutgoingMessage(str(sent + i), b'{"n": %d}' % (sent + i), {}, {"body_type": "text"})
+            for i in range(n)
+        ]
+        with direct.publisher(Address(f"DLQ.{queue}")) as publisher:
+            assert all(o.confirmed for o in publisher.publish(messages))
+        sent += n
+
+    env = {"DLO_BROKER_TEST_SVC_STOMP": f"stomp://127.0.0.1:{proxy.port}"}
+    env["DLO_BROKER_TIMEOUT_S"] = "2"
+    try:
+        _ride_out_outages(proc_db, tmp_path, slug, env, dead_letter, proxy.cut, proxy.restore)
+    finally:
+        proxy.close()
 
 
 def test_long_running_commands_start_while_the_database_is_away(

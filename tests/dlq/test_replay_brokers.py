@@ -1,4 +1,5 @@
-"""The relay against the real brokers on loopback: RabbitMQ, Redis Streams, NATS JetStream."""
+"""The relay against the real brokers on loopback: RabbitMQ, Redis Streams, NATS JetStream,
+ActiveMQ Classic."""
 
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ pytestmark = [pytest.mark.broker, pytest.mark.django_db, pytest.mark.timeout(120
 AMQP_URL = os.environ.get("DLO_TEST_RABBITMQ_URL", "amqp://guest:guest@127.0.0.1:5672/%2F")
 REDIS_URL = os.environ.get("DLO_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 NATS_URL = os.environ.get("DLO_TEST_NATS_URL", "nats://127.0.0.1:4222")
+STOMP_URL = os.environ.get("DLO_TEST_ACTIVEMQ_URL", "stomp://127.0.0.1:61613")
 
 
 @pytest.fixture
@@ -101,6 +103,10 @@ def test_rabbitmq_replay_lands_on_the_origin_queue_with_its_replay_id(
         assert props.delivery_mode == 2
     assert set(DeadLetter.objects.values_list("status", flat=True)) == {Status.REPLAYED}
     assert AuditEvent.objects.filter(action="dlq.replay.replayed").count() == 20
+
+
+# ActiveMQ has no counterpart of the next test: a STOMP SEND to a queue it does not have
+# creates that queue, so a replay is never unroutable there.
 
 
 def test_rabbitmq_unroutable_target_never_reaches_replayed(
@@ -211,12 +217,92 @@ def test_nats_replay_publishes_to_the_stored_subject_with_a_msg_id(
         asyncio.run(cleanup())
 
 
-def test_a_broker_that_is_down_pauses_the_plan_and_spends_no_attempt(
+def test_activemq_replay_lands_on_the_origin_queue_with_its_replay_id(
     oncall: User, monkeypatch: Any
 ) -> None:
-    monkeypatch.setenv("DLO_BROKER_TEST_REPLAY_AMQP", "amqp://guest:guest@127.0.0.1:1/%2F")
+    """Stored JMS headers and death bookkeeping that name another queue (a forged
+    ``original-destination``, a ``destination`` header, a short ``content-length``) change
+    nothing: every message goes to the channel's queue, whole, persistent, with its replay id
+    and its application properties, and without ActiveMQ's cause of the old death."""
+    from brokers.activemq import ActiveMQAdapter
+    from brokers.base import Address
+    from tests.brokers.test_activemq import App, require_activemq
+
+    require_activemq(STOMP_URL)
+    monkeypatch.setenv("DLO_BROKER_TEST_REPLAY_STOMP", STOMP_URL)
+    monkeypatch.setattr(relay_outcomes, "backoff", lambda attempt: 0.0)
+    queue = f"dlo-replay.{uuid.uuid4().hex[:8]}"
+    evil = f"{queue}.evil"
+    broker = make_broker(
+        name="activemq", kind=BrokerKind.ACTIVEMQ, url_env="DLO_BROKER_TEST_REPLAY_STOMP"
+    )
+    channel = make_channel(broker, slug="orders", address=queue, dlq_address=f"DLQ.{queue}")
+    forged = [
+        letter(
+            b'{"order": %d, "pad": "%s"}' % (i, b"x" * 64),
+            headers={
+                "Idempotency-Key": f"order-{i}",
+                "destination": f"/queue/{evil}",
+                "content-length": "1",
+                "original-destination": f"/queue/{evil}",
+                "dlqDeliveryFailureCause": "java.lang.Throwable: Delivery[7] exceeds ...",
+                "originalExpiration": "1",
+            },
+            properties={
+                "message_id": f"ID:forged-{i}",
+                "original_destination": f"/queue/{evil}",
+                "correlation_id": f"c{i}",
+                "persistent": False,
+                "body_type": "bytes",
+            },
+            first_death_queue=evil,
+        )
+        for i in range(20)
+    ]
+    entries = store(channel, *forged)
+    plan = plan_for(entries, oncall)
+    result = relay.run_plan(plan.pk)
+    assert result.status == PlanStatus.DONE and result.confirmed == 20
+    app = App()
+    try:
+        app.conn.subscribe(f"/queue/{queue}", "replayed", ack="client-individual")
+        frames = app.wait(20)
+        for frame in frames:
+            app.conn.ack(frame.headers["ack"])
+        app.conn.unsubscribe("replayed")
+    finally:
+        app.close()
+    evil_stats = ActiveMQAdapter(STOMP_URL).poll([Address(evil)]).stats[Address(evil)]
+    assert evil_stats.exists is False  # forged headers changed nothing
+    items = {i.replay_id: i for i in ReplayItem.objects.filter(plan=plan)}
+    for frame in frames:
+        headers = frame.headers
+        entry = DeadLetter.objects.get(pk=items[headers["x-dlq-replay-id"]].entry_id)
+        assert frame.body == bytes(entry.body)
+        assert headers["Idempotency-Key"] == entry.headers["Idempotency-Key"]
+        assert headers["correlation-id"] == entry.properties["correlation_id"]
+        assert headers["persistent"] == "true"
+        assert headers["message-id"] != entry.properties["message_id"]  # a new message
+        assert "dlqDeliveryFailureCause" not in headers and "originalExpiration" not in headers
+        assert "original-destination" not in headers
+    assert set(DeadLetter.objects.values_list("status", flat=True)) == {Status.REPLAYED}
+    assert AuditEvent.objects.filter(action="dlq.replay.replayed").count() == 20
+
+
+DOWN = {
+    "rabbitmq": "amqp://guest:guest@127.0.0.1:1/%2F",
+    "activemq": "stomp://127.0.0.1:1",
+}
+
+
+@pytest.mark.parametrize("kind", sorted(DOWN))
+def test_a_broker_that_is_down_pauses_the_plan_and_spends_no_attempt(
+    oncall: User, monkeypatch: Any, kind: str
+) -> None:
+    monkeypatch.setenv("DLO_BROKER_TEST_REPLAY_DOWN", DOWN[kind])
     monkeypatch.setattr(relay_outcomes, "backoff", lambda attempt: 30.0)
-    channel = _rabbit_channel("nowhere")
+    broker = make_broker(name=kind, kind=kind, url_env="DLO_BROKER_TEST_REPLAY_DOWN")
+    channel = make_channel(broker, slug="orders", address="nowhere", dlq_address="nowhere.dlq")
     entries = store(channel, letter())
     plan = plan_for(entries, oncall)
     result = relay.run_plan(plan.pk, max_seconds=1.0)
@@ -229,7 +315,7 @@ def test_a_broker_that_is_down_pauses_the_plan_and_spends_no_attempt(
     assert plan.status == PlanStatus.WAITING and "unreachable" in plan.status_note
     assert plan.outages == 1
     [event] = AuditEvent.objects.filter(action="dlq.replay.broker_unreachable")
-    assert event.outcome == "failed" and "rabbitmq" in event.reason
+    assert event.outcome == "failed" and kind in event.reason
     metrics = render_metrics().decode()  # what an alert rule watches
     assert 'dlo_replay_plans{status="waiting_broker"} 1.0' in metrics
     waited = metrics.split("\ndlo_replay_broker_wait_seconds ", 1)[1].split("\n", 1)[0]

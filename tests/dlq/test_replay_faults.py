@@ -1,4 +1,4 @@
-"""The relay under ``kill -9``, against the real RabbitMQ and PostgreSQL on loopback.
+"""The relay under ``kill -9``, against the real RabbitMQ and ActiveMQ and PostgreSQL on loopback.
 
 A five-batch replay runs as a subprocess (``manage.py replay --plan ID --run``) on its own
 database; it is killed at a random point (or exactly between a publish and the commit of its
@@ -29,6 +29,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.broker, pytest.mark.timeout(600)]
 
 ROOT = Path(__file__).resolve().parents[2]
 AMQP_URL = os.environ.get("DLO_TEST_RABBITMQ_URL", "amqp://guest:guest@127.0.0.1:5672/%2F")
+STOMP_URL = os.environ.get("DLO_TEST_ACTIVEMQ_URL", "stomp://127.0.0.1:61613")
 PG = os.environ.get("DLO_TEST_PG_ADMIN_URL", "postgres://postgres@127.0.0.1:5432/postgres")
 COUNT = 5 * BATCH_SIZE  # five batches: room to kill the relay between any two of them
 
@@ -39,28 +40,100 @@ def _pg(dbname: str = "postgres") -> Any:
     return psycopg.connect(PG.rsplit("/", 1)[0] + "/" + dbname, autocommit=True)
 
 
-@pytest.fixture
-def fault() -> Iterator[dict[str, Any]]:
-    import pika
+class RabbitTarget:
+    """The origin queue on the shared RabbitMQ."""
 
+    url = AMQP_URL
+
+    def __init__(self) -> None:
+        import pika
+
+        from tests.conftest import broker_required
+
+        try:
+            self.connection = pika.BlockingConnection(pika.URLParameters(AMQP_URL))
+        except Exception as exc:  # noqa: BLE001 - any connection failure means "not reachable"
+            broker_required("RabbitMQ", exc)
+        self.queue = f"h6.fault.{uuid.uuid4().hex[:8]}"
+        self.connection.channel().queue_declare(self.queue, durable=True)
+
+    def received(self) -> list[str]:
+        """The replay id of every copy that reached the queue (consumed)."""
+        import pika
+
+        connection = pika.BlockingConnection(pika.URLParameters(AMQP_URL))
+        channel = connection.channel()
+        ids = []
+        while True:
+            method, props, _body = channel.basic_get(self.queue, auto_ack=True)
+            if method is None:
+                break
+            assert "x-death" not in props.headers and "x-first-death-queue" not in props.headers
+            ids.append(props.headers["x-dlq-replay-id"])
+        connection.close()
+        return ids
+
+    def close(self) -> None:
+        self.connection.channel().queue_delete(self.queue)
+        self.connection.close()
+
+
+class ActiveMQTarget:
+    """The origin queue on the shared ActiveMQ (created by the replay's first SEND)."""
+
+    url = STOMP_URL
+
+    def __init__(self) -> None:
+        from brokers.activemq import ActiveMQAdapter
+        from tests.brokers.test_activemq import require_activemq
+
+        require_activemq(STOMP_URL)
+        self.adapter = ActiveMQAdapter(STOMP_URL, timeout=10.0)
+        self.queue = f"h6.fault.{uuid.uuid4().hex[:8]}"
+
+    def received(self) -> list[str]:
+        """Drained and acknowledged batch by batch (ActiveMQ pages 200 at a time), bounded."""
+        from brokers.base import Address
+
+        ids: list[str] = []
+        with self.adapter.drain(Address(self.queue)) as session:
+            for _ in range(4 * COUNT // 100):
+                batch = session.fetch(500, wait_s=2.0)
+                if not batch:
+                    break
+                for copy in batch:
+                    assert "dlqDeliveryFailureCause" not in copy.headers
+                    assert "original_destination" not in copy.properties
+                    ids.append(str(copy.headers["x-dlq-replay-id"]))
+                session.ack(batch)
+        return ids
+
+    def close(self) -> None:
+        self.received()  # leave nothing behind: STOMP cannot delete the queue
+
+
+TARGETS: dict[str, Any] = {"rabbitmq": RabbitTarget, "activemq": ActiveMQTarget}
+
+
+@pytest.fixture(params=sorted(TARGETS))
+def fault(request: pytest.FixtureRequest) -> Iterator[dict[str, Any]]:
     from tests.conftest import broker_required
 
     try:
-        pika.BlockingConnection(pika.URLParameters(AMQP_URL)).close()
         _pg().close()
     except Exception as exc:  # noqa: BLE001 - any connection failure means "not reachable"
-        broker_required("RabbitMQ/PostgreSQL", exc)
+        broker_required("PostgreSQL", exc)
+    kind = request.param
+    target = TARGETS[kind]()
+    queue = target.queue
     db = f"h6_fault_{uuid.uuid4().hex[:8]}"
-    queue = f"h6.fault.{uuid.uuid4().hex[:8]}"
-    connection = pika.BlockingConnection(pika.URLParameters(AMQP_URL))
-    connection.channel().queue_declare(queue, durable=True)
     with _pg() as conn:
         conn.execute(f'CREATE DATABASE "{db}"')
     env = {
         **os.environ,
         "DATABASE_URL": PG.rsplit("/", 1)[0] + "/" + db,
         "DATABASE_CONN_MAX_AGE": "0",
-        "DLO_BROKER_FAULT_RABBIT_URL": AMQP_URL,
+        "DLO_BROKER_FAULT_URL": target.url,
         "DJANGO_SETTINGS_MODULE": "dashboard.settings",
         "DLO_REPLAY_LEASE_S": "1",
         "DLO_FOUR_EYES_THRESHOLD": str(COUNT),  # the plan runs without a second person
@@ -71,7 +144,7 @@ def fault() -> Iterator[dict[str, Any]]:
     subprocess.run([*manage, "migrate", "-v0"], env=env, cwd=ROOT, check=True)
     subprocess.run(
         [*manage, "shell", "-c",
-         f"from tests.dlq.replay_fault_setup import setup; setup({queue!r}, {COUNT})"],
+         f"from tests.dlq.replay_fault_setup import setup; setup({queue!r}, {COUNT}, {kind!r})"],
         env=env, cwd=ROOT, check=True,
     )  # fmt: skip
     out = subprocess.run(
@@ -80,9 +153,9 @@ def fault() -> Iterator[dict[str, Any]]:
         env=env, cwd=ROOT, check=True, capture_output=True,
     ).stdout.decode()  # fmt: skip
     plan_id = int(out.split("replay plan #", 1)[1].split(":", 1)[0])
-    yield {"env": env, "db": db, "queue": queue, "manage": manage, "plan": plan_id}
-    connection.channel().queue_delete(queue)
-    connection.close()
+    yield {"env": env, "db": db, "queue": queue, "manage": manage, "plan": plan_id,
+           "target": target}  # fmt: skip
+    target.close()
     with _pg() as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)')
 
@@ -112,22 +185,6 @@ def _restart_to_completion(fault: dict[str, Any]) -> None:
     assert "status done" in done.stdout.decode(), done.stdout.decode()
 
 
-def _received(queue: str) -> list[str]:
-    import pika
-
-    connection = pika.BlockingConnection(pika.URLParameters(AMQP_URL))
-    channel = connection.channel()
-    ids = []
-    while True:
-        method, props, _body = channel.basic_get(queue, auto_ack=True)
-        if method is None:
-            break
-        assert "x-death" not in props.headers and "x-first-death-queue" not in props.headers
-        ids.append(props.headers["x-dlq-replay-id"])
-    connection.close()
-    return ids
-
-
 def _assert_every_entry_accounted_for(fault: dict[str, Any], crashes: int) -> int:
     """Returns the number of extra copies that reached the queue."""
     with _pg(fault["db"]) as conn:
@@ -144,7 +201,7 @@ def _assert_every_entry_accounted_for(fault: dict[str, Any], crashes: int) -> in
         ).fetchall()
     assert set(statuses) <= {"replayed", "failed"} and sum(statuses.values()) == COUNT
     assert {s for _, s, _ in items} <= {"confirmed", "failed"}
-    received = _received(fault["queue"])
+    received = fault["target"].received()
     final_ids = {r for _, _, r in items}
     counts = collections.Counter(received)
     assert final_ids <= set(counts)  # every replay id arrived at least once

@@ -19,6 +19,7 @@ import pytest
 import redis
 from django.contrib.auth.models import User
 
+from brokers.activemq import ActiveMQDrainSession
 from brokers.base import Address, BrokerError
 from brokers.nats_jetstream import ADVISORY_STREAM, NatsDrainSession
 from brokers.rabbitmq import RabbitMQDrainSession
@@ -40,6 +41,7 @@ pytestmark = [
 AMQP_URL = os.environ.get("DLO_TEST_RABBITMQ_URL", "amqp://guest:guest@127.0.0.1:5672/%2F")
 REDIS_URL = os.environ.get("DLO_TEST_LAYER_REDIS_URL", "redis://127.0.0.1:6379/0")
 NATS_URL = os.environ.get("DLO_TEST_NATS_URL", "nats://127.0.0.1:4222")
+STOMP_URL = os.environ.get("DLO_TEST_ACTIVEMQ_URL", "stomp://127.0.0.1:61613")
 COUNT = 20
 
 
@@ -246,10 +248,54 @@ class NatsRig(Rig):
         _nats(work)
 
 
+# -- ActiveMQ: a queue with its own DLQ.<queue>, a STOMP consumer that NACKs everything -----
+
+
+class ActiveMQRig(Rig):
+    """``indiv.>`` queues dead-letter into ``DLQ.<queue>`` (tests/activemq/activemq.xml); a
+    NACKed message is dead-lettered at once, as a JMS client past its redelivery policy does."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        from tests.brokers.test_activemq import App, require_activemq
+
+        require_activemq(STOMP_URL)
+        self.app = App()
+        self.queue = f"indiv.dlo-death.{uuid.uuid4().hex[:8]}"
+        self.rejections = 0
+        monkeypatch.setenv("DLO_BROKER_TEST_DEATH_STOMP", STOMP_URL)
+        broker = make_broker(
+            name="activemq", kind=BrokerKind.ACTIVEMQ, url_env="DLO_BROKER_TEST_DEATH_STOMP"
+        )
+        self.channel = make_channel(
+            broker,
+            slug="orders",
+            address=self.queue,
+            dlq_address=f"DLQ.{self.queue}",
+            poison_address="",
+        )
+
+    def publish(self, n: int) -> None:
+        for i in range(n):
+            self.app.send(self.queue, b'{"order": %d}' % i, **{"Idempotency-Key": f"k{i}"})
+
+    def reject_all(self, expected: int) -> None:
+        self.rejections += 1
+        sub = f"reject-{self.rejections}"
+        self.app.conn.subscribe(f"/queue/{self.queue}", sub, ack="client-individual")
+        for frame in self.app.wait(expected):
+            self.app.conn.nack(frame.headers["ack"])
+        self.app.conn.unsubscribe(sub)
+
+    def close(self) -> None:
+        # STOMP cannot delete a queue: the broker collects the empty ones (activemq.xml).
+        self.app.close()
+
+
 RIGS: dict[str, tuple[type[Rig], type[Any]]] = {
     "rabbitmq": (RabbitRig, RabbitMQDrainSession),
     "redis": (RedisRig, RedisDrainSession),
     "nats": (NatsRig, NatsDrainSession),
+    "activemq": (ActiveMQRig, ActiveMQDrainSession),
 }
 
 

@@ -161,3 +161,46 @@ def test_replay_to_nats_without_jetstream_waits_and_spends_no_attempt(
     items = ReplayItem.objects.filter(plan=plan)
     assert {i.attempts for i in items} == {0}
     assert set(DeadLetter.objects.values_list("status", flat=True)) == {"replaying"}
+
+
+@pytest.fixture
+def silent_stomp(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """A TCP listener that accepts and never answers STOMP's CONNECT, as an ActiveMQ still
+    starting (or wedged) looks from a client; the shared broker is never touched."""
+    import socket
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(16)  # the kernel accepts; nobody ever answers
+    url = f"stomp://127.0.0.1:{server.getsockname()[1]}"
+    monkeypatch.setenv("DLO_BROKER_TEST_SILENT_STOMP", url)
+    try:
+        yield url
+    finally:
+        server.close()
+
+
+def test_replay_to_an_activemq_that_never_answers_waits_and_spends_no_attempt(
+    silent_stomp: str, oncall: User, settings: object
+) -> None:
+    """The ActiveMQ counterpart of the NATS case above: the TCP connection opens, the STOMP
+    CONNECTED never comes. The wait is bounded by the broker timeout, and the plan waits for
+    the broker instead of failing its entries."""
+    from tests.dlq.conftest import letter, store
+
+    settings.DLO_BROKER_TIMEOUT_S = 1.0  # type: ignore[attr-defined]
+    broker = make_broker(
+        name="silent", kind=BrokerKind.ACTIVEMQ, url_env="DLO_BROKER_TEST_SILENT_STOMP"
+    )
+    channel = make_channel(broker, address="orders", dlq_address="DLQ.orders", poison_address="")
+    entries = store(channel, *[letter() for _ in range(5)])
+    plan = plan_for(entries, oncall)
+
+    result = relay.run_plan(plan.pk, max_seconds=4)  # a slice: the plan waits past it
+
+    plan.refresh_from_db()
+    assert result.status == PlanStatus.WAITING == plan.status
+    assert "no answer in time" in plan.status_note
+    items = ReplayItem.objects.filter(plan=plan)
+    assert {i.attempts for i in items} == {0}
+    assert set(DeadLetter.objects.values_list("status", flat=True)) == {"replaying"}
