@@ -43,7 +43,7 @@ from channels_registry.health import POINT_FIELDS, DlqFlag, HealthState
 from channels_registry.models import Broker, BrokerPollState, Channel, ChannelHealth
 from channels_registry.polling import stale_after_s
 from dlq.models import RESOLVED, DeadLetter, Source
-from dlq.replay_models import PlanStatus, ReplayPlan
+from dlq.models.plans import PlanStatus, ReplayPlan
 
 log = logging.getLogger(__name__)
 

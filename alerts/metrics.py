@@ -25,7 +25,7 @@ from channels_registry.health import HealthState
 from channels_registry.models import Broker, BrokerPollState, Channel, ChannelSample
 from channels_registry.polling import stale_after_s
 from dlq.models import RESOLVED, DeadLetter, PlanStatus, ReplayPlan
-from dlq.replay_models import FINISHED
+from dlq.models.plans import FINISHED
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 COUNTERS = ("produced", "delivered", "acked", "dead_lettered")

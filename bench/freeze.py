@@ -5,10 +5,10 @@
    text, as ingest stores them, all in the failure group a real ingest batch created.
 2. Another writer runs in its own process for the whole run: a loop of audited actions (one
    ``record`` per transaction, every 20 ms) and, every fifth turn, a real ingest batch of 20
-   letters into the same channel and failure group (``dlq.ingest.store_batch``).
+   letters into the same channel and failure group (``dlq.capture.ingest.store_batch``).
 3. A third process confirms a replay plan over the whole channel (``do_create_plan``: it
    returns at once, FREEZING) and freezes it as the background task does
-   (``dlq.freeze.run_freeze``), with the audit sealer on its thread as in production.
+   (``dlq.plans.freeze.run_freeze``), with the audit sealer on its thread as in production.
 4. Printed: the request's time, the freeze's time and rate, the freezing process's peak RSS
    (``resource.getrusage``), when the last audit event was sealed, the other writer's
    latency (p50/p99/max) before and during the freeze, and how many lock waits of 100 ms or
@@ -99,7 +99,7 @@ def child_setup() -> None:
     _django()
     from brokers.base import Address
     from channels_registry.models import Broker, Channel
-    from dlq.ingest import store_batch
+    from dlq.capture.ingest import store_batch
     from dlq.models import FailureGroup, Source
 
     os.environ["DLO_BROKER_BENCH_FREEZE_URL"] = "redis://bench.invalid:6379/0"
@@ -124,7 +124,7 @@ def child_writer() -> None:
     from audit.actions import Actor, record
     from brokers.base import Address
     from channels_registry.models import Channel
-    from dlq.ingest import store_batch
+    from dlq.capture.ingest import store_batch
     from dlq.models import Source
 
     channel = Channel.objects.get(slug=SLUG)
@@ -157,11 +157,11 @@ def child_freeze() -> None:
     from django.contrib.auth.models import User
 
     from audit.actions import Actor
-    from dlq import freeze
-    from dlq.actions import do_create_plan
-    from dlq.filters import EntryFilter
     from dlq.models import DeadLetter, PlanStatus
-    from dlq.preview import Selection
+    from dlq.plans import freeze
+    from dlq.plans.actions import do_create_plan
+    from dlq.plans.preview import Selection
+    from dlq.triage.filters import EntryFilter
 
     requester = User.objects.create(username=f"bench-requester-{RUN}")
     rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss

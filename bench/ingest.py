@@ -3,7 +3,7 @@
 Drains N dead letters (default 20,000 persistent messages; 1 KiB JSON bodies with the headers
 real dead letters carry: x-death, x-first-death-*, an idempotency key, an exception class and
 message, a trace id, a tenant) from one durable RabbitMQ queue into PostgreSQL through
-``dlq.ingest`` (COPY + INSERT ON CONFLICT DO NOTHING, failure groups, one audit event per
+``dlq.capture.ingest`` (COPY + INSERT ON CONFLICT DO NOTHING, failure groups, one audit event per
 batch, commit, then ack, then the search index), versus a bare pika consume + multiple-ack
 loop over the same N messages on the same queue. Peer and project run interleaved
 ``BENCH_ROUNDS`` times (default 3) in one run; the ratio line is the median of the rounds.
@@ -114,7 +114,7 @@ def main() -> None:
     from django.core.management import call_command
 
     from channels_registry.models import Broker, Channel
-    from dlq.ingest import ingest_channel
+    from dlq.capture.ingest import ingest_channel
     from dlq.models import DeadLetter
 
     call_command("migrate", verbosity=0)

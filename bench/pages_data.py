@@ -160,7 +160,7 @@ def _entries(
 ) -> Iterable[tuple[Any, ...]]:
     """The dead letters, spread over channels, groups and ``SPREAD_H`` hours; counts each
     entry's (group, hour) into ``hours`` as ingest does."""
-    from dlq.trends import hour_of, windows
+    from dlq.capture.trends import hour_of, windows
 
     oldest = windows(now)[1]
     spread_s = SPREAD_H * 3600

@@ -2,7 +2,7 @@
 
 N (default 20,000) persistent 1 KiB dead letters, stored in a fresh PostgreSQL database by the
 real ingest path (so each row has its ~1.3 KB search text and every index), are replayed by
-the real relay (``dlq.relay.run_plan``: batches, confirms, per-message item state, one audit
+the real relay (``dlq.plans.relay.run_plan``: batches, confirms, per-message item state, one audit
 event per entry) and compared, in the same run, interleaved over ``BENCH_ROUNDS`` (3) rounds
 with the median ratio printed last, with:
 
@@ -63,13 +63,13 @@ def setup_django() -> None:
 
 
 def make_entries(kind: str, address: str, url_env: str, round_no: int = 0) -> tuple[Any, int]:
-    """N dead letters stored the way ingest stores them (``dlq.ingest.store_batch``: search
+    """N dead letters stored the way ingest stores them (``dlq.capture.ingest.store_batch``: search
     text of the 1 KiB text body plus headers, ~1.3 KB; fingerprint, group, every index), so the
     relay's updates pay what they pay in production."""
     from brokers.base import Address
     from brokers.base import DeadLetter as Letter
     from channels_registry.models import Broker, Channel
-    from dlq.ingest import store_batch
+    from dlq.capture.ingest import store_batch
     from dlq.models import Source
 
     broker, _ = Broker.objects.get_or_create(name=f"bench-{kind}", kind=kind, url_env=url_env)
@@ -113,11 +113,11 @@ def relay(channel: Any) -> float:
     from django.contrib.auth.models import User
 
     from audit.actions import Actor
-    from dlq import freeze, relay
-    from dlq.actions import do_approve_plan, do_create_plan
-    from dlq.filters import EntryFilter
     from dlq.models import DeadLetter, PlanStatus
-    from dlq.preview import Selection
+    from dlq.plans import freeze, relay
+    from dlq.plans.actions import do_approve_plan, do_create_plan
+    from dlq.plans.preview import Selection
+    from dlq.triage.filters import EntryFilter
 
     requester, _ = User.objects.get_or_create(username="bench-requester")
     approver, _ = User.objects.get_or_create(username="bench-approver")

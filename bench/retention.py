@@ -5,11 +5,11 @@ partition of bench rows.
 1. Prepares the oldest closed partition for a drop (not timed as retention): every entry in it
    resolved (``discarded``), and a retention window on the bench channels that every one of
    its entries is past.
-2. Times ``dlq.partitions.drop_expired_partitions`` (one partition: the pre-check, the full
+2. Times ``dlq.capture.partitions.drop_expired_partitions`` (one partition: the pre-check, the full
    check under the lock, the summary, the dependants — search index rows, dedupe keys, replay
    items, parent links, group samples — the audit event, DETACH and DROP), with the time of each
    step from the statements' own clock.
-3. Times the row-by-row path (``dlq.actions.do_purge_expired``) on the next partition's
+3. Times the row-by-row path (``dlq.capture.retention.do_purge_expired``) on the next partition's
    resolved entries (its unresolved ones keep it) for comparison: ``BENCH_PURGE_BATCHES``
    batches (default 20) of ``PURGE_BATCH`` tombstones each.
 Prints ``uptime`` with each figure. ``--prepare-only`` stops after step 1, ``--skip-prepare``
@@ -94,9 +94,8 @@ def main() -> None:
     from django.db import connection
     from django.utils import timezone
 
-    from dlq import partitions
-    from dlq.actions import do_purge_expired
-    from dlq.retention import PURGE_BATCH
+    from dlq.capture import partitions
+    from dlq.capture.retention import PURGE_BATCH, do_purge_expired
 
     now = timezone.now()
     high = partitions.sequence_high()

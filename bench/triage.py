@@ -3,8 +3,8 @@
 
 1. Fills ``dlq_deadletter`` up to ``--rows`` (default 1,000,000) entries over 5 channels and
    50 failure groups with ``COPY`` (no ORM): ~1 KiB JSON bodies with real-looking headers,
-   the search text built by ingest's own ``dlq.ingest.search_text``, ids in ingest order, one
-   entry every 2 s of ingest time. Missing rows are added on top of earlier fills (1M, then
+   the search text built by ingest's own ``dlq.capture.ingest.search_text``, ids in ingest order,
+   one entry every 2 s of ingest time. Missing rows are added on top of earlier fills (1M, then
    3M, …). The dedupe keys and the search index (``dlq_searchtext``) follow, as ingest and
    its indexer fill them. Use a database of its own: the dead-letter table is truncated when
    it holds anything but bench rows.
@@ -109,7 +109,7 @@ def headers_of(g: int) -> dict[str, Any]:
 
 def copy_row(g: int, channel_ids: list[int], group_ids: list[int]) -> list[Any]:
     """One row in ``COLUMNS`` order, as ingest would store it (search text by its builder)."""
-    from dlq.ingest import search_text
+    from dlq.capture.ingest import search_text
 
     body, headers = body_of(g), headers_of(g)
     at = EPOCH + dt.timedelta(seconds=2 * g)
@@ -176,7 +176,7 @@ def fill(channels: list[Any], groups: list[Any]) -> None:
     """COPY the missing bench rows (``bench:1`` … ``bench:ROWS``), then keys, search index."""
     from django.db import connection, transaction
 
-    from dlq import partitions
+    from dlq.capture import partitions
 
     with connection.cursor() as cursor:
         _clear_foreign_rows(cursor)

@@ -8,8 +8,8 @@ shape, and the OpenAPI schema's shared error responses.
 * Every error is ``{"error": "<message>"}`` (plus ``"fields"`` for a 400 naming the bad
   parameters); the access helpers' ``PermissionDenied`` / ``Http404`` become 403 / 404.
 
-The views live with their apps (``dlq.api``, ``dlq.plan_api``, ``audit.api``); the settings name
-these classes by dotted path, so the lower apps never import this module.
+The views live with their apps (``dlq.triage.api``, ``dlq.plans.plan_api``, ``audit.api``); the
+settings name these classes by dotted path, so the lower apps never import this module.
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ from django.utils.safestring import SafeString, mark_safe
 from channels_registry.health import fmt_duration
 from channels_registry.templatetags.dlo_health import num
 from dashboard.html import ChannelLinks, escape
-from dlq.render import visible
+from dlq.text.render import visible
 
 if TYPE_CHECKING:
     from dashboard.board_data import BoardRow

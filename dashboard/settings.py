@@ -278,8 +278,8 @@ DLO_POLL_CONCURRENCY = env_int("DLO_POLL_CONCURRENCY", 8)
 # consumer may stay silent and still count as attached), and the trend window.
 DLO_HEALTH_STALL_S = env_int("DLO_HEALTH_STALL_S", 60)
 DLO_HEALTH_WINDOW_S = env_int("DLO_HEALTH_WINDOW_S", 600)
-# Ids per dead-letter partition (PostgreSQL, ``dlq.partitions``): each holds that many entries'
-# worth of ingest time; retention drops a partition once all of it is past policy.
+# Ids per dead-letter partition (PostgreSQL, ``dlq.capture.partitions``): each holds that many
+# entries' worth of ingest time; retention drops a partition once all of it is past policy.
 DLO_DLQ_PARTITION_SIZE = env_int("DLO_DLQ_PARTITION_SIZE", 1_000_000)
 # Raw poll samples are kept this long; 1-minute rollups (for charts) this many days.
 DLO_SAMPLE_RETENTION_HOURS = env_int("DLO_SAMPLE_RETENTION_HOURS", 48)
@@ -325,7 +325,7 @@ DLO_FOUR_EYES_THRESHOLD = env_int("DLO_FOUR_EYES_THRESHOLD", 1000)
 # …counting everything one person asked for (per action kind) within this many seconds, so
 # splitting a large action into plans under the threshold still needs the second person.
 DLO_FOUR_EYES_WINDOW_S = env_int("DLO_FOUR_EYES_WINDOW_S", 3600)
-# Freezing a plan (dlq/freeze.py): selections up to DLO_FREEZE_INLINE entries are frozen in
+# Freezing a plan (dlq/plans/freeze.py): selections up to DLO_FREEZE_INLINE entries are frozen in
 # the request; larger ones in the background, DLO_FREEZE_CHUNK entries per short transaction.
 DLO_FREEZE_INLINE = env_int("DLO_FREEZE_INLINE", 1000)
 DLO_FREEZE_CHUNK = env_int("DLO_FREEZE_CHUNK", 10000)
@@ -374,7 +374,7 @@ SPECTACULAR_SETTINGS = {
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.hooks.postprocess_schema_enums",
         "dashboard.api.add_error_responses",
-        "dlq.plan_api.plan_request_schema",
+        "dlq.plans.plan_api.plan_request_schema",
         "dashboard.api.refuse_nul_in_request_strings",
     ],
     # Swagger UI from the sidecar package (served by WhiteNoise), never a CDN.

@@ -23,8 +23,8 @@ urlpatterns = [
     path("channels/", include("channels_registry.urls")),
     path("dead-letters/", include("dlq.urls")),
     path("audit/", include("audit.urls")),
-    path("api/dead-letters/", include("dlq.api")),
-    path("api/replay-plans/", include("dlq.plan_api")),
+    path("api/dead-letters/", include("dlq.triage.api")),
+    path("api/replay-plans/", include("dlq.plans.plan_api")),
     path("api/audit-events/", include("audit.api")),
     path("api/audit/", include("audit.log_api")),
     # The schema answers scripts (a token; 401 without). The docs page is for the browser: DRF

@@ -18,9 +18,9 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
 from dashboard.admin_text import VisibleTextAdmin, visible_value
-from dlq import redaction
-from dlq import render as body_render
 from dlq.models import DeadLetter, FailureGroup
+from dlq.text import redaction
+from dlq.text import render as body_render
 
 
 class ReadOnlyAdmin(VisibleTextAdmin):

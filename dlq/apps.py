@@ -8,12 +8,13 @@ class DlqConfig(AppConfig):
     verbose_name = "Dead letters"
 
     def ready(self) -> None:
-        import dlq.lookups  # noqa: F401  (registers the ``__any`` lookup)
+        import dlq.models.lookups  # noqa: F401  (registers the ``__any`` lookup)
         from channels_registry.charts import register_event_source
         from channels_registry.polling import register_unresolved_counter
-        from dlq import plan_jobs, tasks
-        from dlq.chart_events import dead_letter_events
+        from dlq import tasks
         from dlq.models import count_unresolved
+        from dlq.plans import plan_jobs
+        from dlq.triage.chart_events import dead_letter_events
 
         register_unresolved_counter(count_unresolved)
         register_event_source(dead_letter_events)

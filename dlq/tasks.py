@@ -1,11 +1,12 @@
-"""Celery tasks: thin wrappers over ``dlq.actions``."""
+"""Celery tasks: thin wrappers over capture (ingest, retention, partitions, trends) and plans
+(relay, freeze). An entry point: it may import every part of ``dlq``."""
 
 from __future__ import annotations
 
 from celery import shared_task
 from django.utils import timezone
 
-from dlq import actions, trends
+from dlq.capture import ingest, retention, trends
 
 
 @shared_task(
@@ -14,14 +15,14 @@ from dlq import actions, trends
 )  # fmt: skip
 def ingest_channel_task(channel_id: int) -> dict[str, int]:
     """Idempotent on re-entry: already stored letters are deduplicated by their key."""
-    result = actions.do_ingest_channel(channel_id)
+    result = ingest.do_ingest_channel(channel_id)
     return {"inserted": result.inserted, "duplicates": result.duplicates}
 
 
 @shared_task
 def enqueue_ingest_task() -> int:
     """Periodic: one ingest task per channel with a DLQ or poison address."""
-    ids = actions.channels_to_ingest()
+    ids = ingest.channels_to_ingest()
     for channel_id in ids:
         ingest_channel_task.delay(channel_id)
     return len(ids)
@@ -30,17 +31,17 @@ def enqueue_ingest_task() -> int:
 @shared_task
 def purge_expired_task() -> int:
     """Periodic: retention purge (bounded per run): entries purged or dropped; and the
-    groups' trend hours past both windows (``dlq.trends``)."""
+    groups' trend hours past both windows (``dlq.capture.trends``)."""
     now = timezone.now()
     trends.prune(now)
-    result = actions.do_purge_expired(now)
+    result = retention.do_purge_expired(now)
     return result.purged + result.entries_dropped
 
 
 @shared_task
 def ensure_partitions_task() -> int:
     """Periodic: keep dead-letter partitions ready ahead of the ids (PostgreSQL)."""
-    from dlq import partitions
+    from dlq.capture import partitions
 
     return len(partitions.ensure_partitions())
 
@@ -53,7 +54,7 @@ def run_replay_plan_task(plan_id: int) -> dict[str, int | str]:
     """Run a replay/discard plan for one time slice. Idempotent on re-entry: the plan's lease
     lets one relay at a time work on it, and items carry their own state. Re-enqueues itself
     while work is left; the periodic ``resume_replay_plans_task`` catches any that get lost."""
-    from dlq import relay
+    from dlq.plans import relay
 
     result = relay.run_plan(plan_id)
     if result.more:
@@ -67,8 +68,8 @@ def resume_replay_plans_task() -> int:
     task, or ``make run`` without Celery) are run again; in-process when tasks run eagerly."""
     from django.conf import settings
 
-    from dlq import relay
-    from dlq.relay_items import orphaned_plans
+    from dlq.plans import relay
+    from dlq.plans.relay_items import orphaned_plans
 
     ids = orphaned_plans()
     for plan_id in ids:
@@ -84,10 +85,10 @@ def resume_replay_plans_task() -> int:
     max_retries=20,
 )  # fmt: skip
 def freeze_plan_task(plan_id: int) -> dict[str, int | str]:
-    """Freeze a plan's entries for one time slice (``dlq.freeze``). Idempotent on re-entry:
+    """Freeze a plan's entries for one time slice (``dlq.plans.freeze``). Idempotent on re-entry:
     the plan's lease lets one freezer at a time work on it, and it resumes from the plan's
     committed cursor. Re-enqueues itself while work is left."""
-    from dlq import freeze
+    from dlq.plans import freeze
 
     result = freeze.run_freeze(plan_id)
     if result.more:
@@ -102,7 +103,7 @@ def resume_freezing_plans_task() -> int:
     eagerly."""
     from django.conf import settings
 
-    from dlq import freeze
+    from dlq.plans import freeze
 
     eager = settings.CELERY_TASK_ALWAYS_EAGER
     ids = freeze.orphaned_freezes(grace_s=0 if eager else 30)

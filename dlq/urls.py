@@ -2,7 +2,8 @@ from __future__ import annotations
 
 from django.urls import path
 
-from dlq import replay_views, views
+from dlq.plans import replay_views
+from dlq.triage import views
 
 app_name = "dlq"
 urlpatterns = [

@@ -32,7 +32,7 @@ from channels_registry.polling import do_poll_broker
 from dashboard.demo import consumers as c
 from dashboard.demo import producers as p
 from dashboard.demo.topology import PREFETCH, Found, Names
-from dlq.actions import do_ingest_channel
+from dlq.capture.ingest import do_ingest_channel
 from dlq.models import DeadLetter
 
 log = logging.getLogger(__name__)

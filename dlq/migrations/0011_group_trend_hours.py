@@ -1,4 +1,4 @@
-"""The groups page's trend from stored hourly counts per group (``dlq.trends``).
+"""The groups page's trend from stored hourly counts per group (``dlq.capture.trends``).
 
 Fills the hours of both trend windows from the entries already stored, then drops the
 (group, dead_lettered_at) index of the dead-letter table that only the old per-request count
@@ -16,7 +16,7 @@ from django.utils import timezone
 def fill_hours(apps, schema_editor):
     DeadLetter = apps.get_model("dlq", "DeadLetter")
     GroupHour = apps.get_model("dlq", "GroupHour")
-    # The same cut-off as ``dlq.trends.windows``: the current hour and the 47 before it.
+    # The same cut-off as ``dlq.capture.trends.windows``: the current hour and the 47 before it.
     hour = timezone.now().astimezone(dt.UTC).replace(minute=0, second=0, microsecond=0)
     since = hour - dt.timedelta(hours=47)
     rows = (

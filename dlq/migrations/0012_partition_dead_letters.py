@@ -1,4 +1,4 @@
-"""PostgreSQL: ``dlq_deadletter`` becomes ``PARTITION BY RANGE (id)`` (see ``dlq.partitions``).
+"""PostgreSQL: ``dlq_deadletter`` becomes ``PARTITION BY RANGE (id)`` (see ``dlq.capture.partitions``).
 
 On SQLite only the (unused) ``dlq_deadletter_key`` table is created; the dead-letter table
 stays as it is. On PostgreSQL the table is rebuilt: renamed aside, a partitioned copy created

@@ -1,5 +1,5 @@
 """``{% approvals_badge %}`` (the top bar) and ``{% approvals_board %}`` (the board): the plans
-awaiting the user's approval (``dlq.approvals``)."""
+awaiting the user's approval (``dlq.plans.approvals``)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 
 from django import template
 
-from dlq.approvals import BOARD_SHOWN, awaiting_approval_by, can_approve
+from dlq.plans.approvals import BOARD_SHOWN, awaiting_approval_by, can_approve
 
 register = template.Library()
 

@@ -28,9 +28,9 @@ from alerts.models import (
 )
 from alerts.notify import do_deliver_notifications
 from audit.actions import Actor
-from dlq.actions import do_approve_plan, do_cancel_plan
 from dlq.models import PlanStatus
-from dlq.replay_models import ReplayPlan
+from dlq.models.plans import ReplayPlan
+from dlq.plans.actions import do_approve_plan, do_cancel_plan
 from tests.alerts.conftest import Receiver, set_health, webhook
 from tests.conftest import client_for, make_channel, make_user
 from tests.dlq.conftest import letter, store

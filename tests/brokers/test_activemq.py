@@ -294,7 +294,7 @@ def test_rolled_back_message_dead_letters_is_drained_replayed_and_consumed_intac
         assert letter.dedupe_key == f"amq:ActiveMQ.DLQ:{letter.broker_id}"
         session.ack([letter])  # the others' letters go back when the session closes
 
-    from dlq.relay_publish import replay_headers
+    from dlq.plans.relay_publish import replay_headers
 
     message = OutgoingMessage(
         "k1", letter.body, replay_headers(letter.headers, "replay-1"), letter.properties
@@ -480,7 +480,7 @@ def test_a_jms_consumer_that_rolls_back_is_dead_lettered_triaged_replayed_and_co
         assert policy["maximumRedeliveries"] == 2
         assert policy["useExponentialBackOff"] is False
 
-        from dlq.relay_publish import replay_headers
+        from dlq.plans.relay_publish import replay_headers
 
         message = OutgoingMessage(
             "jms", letter.body, replay_headers(letter.headers, "r-jms"), letter.properties

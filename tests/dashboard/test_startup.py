@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parents[2]
 PROBE = """
 import gc, sys
 import dashboard.asgi
-views = ('dashboard.urls', 'dlq.views', 'audit.views')
+views = ('dashboard.urls', 'dlq.triage.views', 'audit.views')
 print(gc.get_freeze_count(), all(m in sys.modules for m in views))
 """
 

@@ -12,7 +12,7 @@ import pytest
 from brokers.base import Address, BrokerAdapter, DrainSession, Publisher
 from brokers.base import DeadLetter as Letter
 from channels_registry.models import Channel
-from dlq import adapters, ingest, search
+from dlq.capture import adapters, ingest, search
 from dlq.models import DeadLetter, Source
 
 _seq = itertools.count(1)

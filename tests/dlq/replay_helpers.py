@@ -17,11 +17,12 @@ from brokers.base import (
     Publisher,
 )
 from brokers.base import PublishOutcome as Outcome
-from dlq import adapters, freeze, relay, relay_outcomes
-from dlq.actions import do_create_plan
-from dlq.filters import EntryFilter
+from dlq.capture import adapters
 from dlq.models import DeadLetter, PlanStatus, ReplayPlan
-from dlq.preview import Selection
+from dlq.plans import freeze, relay, relay_outcomes
+from dlq.plans.actions import do_create_plan
+from dlq.plans.preview import Selection
+from dlq.triage.filters import EntryFilter
 
 Policy = Callable[[OutgoingMessage, int], Outcome]
 

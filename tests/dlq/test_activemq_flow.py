@@ -15,9 +15,9 @@ from django.contrib.auth.models import User
 from brokers.activemq import ActiveMQAdapter
 from brokers.base import BrokerError
 from channels_registry.models import BrokerKind
-from dlq import relay, relay_outcomes
-from dlq.actions import do_ingest_channel
+from dlq.capture.ingest import do_ingest_channel
 from dlq.models import DeadLetter, PlanStatus, Status
+from dlq.plans import relay, relay_outcomes
 from tests.brokers.test_activemq import HOSTILE_BODIES, HOSTILE_HEADERS, App
 from tests.conftest import broker_required, make_broker, make_channel
 from tests.dlq.replay_helpers import plan_for

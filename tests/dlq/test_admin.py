@@ -11,7 +11,7 @@ from django.contrib.auth.models import User
 
 from audit.models import AuditEvent
 from dlq.models import FailureGroup
-from dlq.redaction import MASK
+from dlq.text.redaction import MASK
 from tests.conftest import client_for, make_channel
 from tests.dlq.conftest import letter, store
 

@@ -29,8 +29,9 @@ from django.urls import reverse
 from kombu import Queue
 
 from channels_registry.models import BrokerKind
-from dlq import ingest, relay
+from dlq.capture import ingest
 from dlq.models import DeadLetter, FailureGroup, PlanStatus
+from dlq.plans import relay
 from tests.conftest import broker_required, make_broker, make_channel
 from tests.dlq.replay_helpers import plan_for
 

@@ -21,8 +21,9 @@ from django.contrib.auth.models import User
 from django.test import Client
 
 from channels_registry.models import BrokerKind
-from dlq import ingest, relay
+from dlq.capture import ingest
 from dlq.models import DeadLetter, PlanStatus, ReplayItem
+from dlq.plans import relay
 from tests.conftest import broker_required, make_broker, make_channel
 from tests.dlq.replay_helpers import plan_for
 

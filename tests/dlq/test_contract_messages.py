@@ -15,9 +15,9 @@ from audit.models import AuditEvent
 from channels_registry.actions import SchemaRejected, do_register_schema
 from channels_registry.models import MessageSchema
 from channels_registry.schemas import compatibility_problems
-from dlq.filters import EntryFilter
 from dlq.models import DeadLetter, Source
-from dlq.preview import Selection, build_preview
+from dlq.plans.preview import Selection, build_preview
+from dlq.triage.filters import EntryFilter
 from tests.conftest import make_channel
 from tests.dlq.conftest import letter, store
 

@@ -9,9 +9,9 @@ from django.contrib.auth.models import User
 from django.test import override_settings
 
 from audit.models import AuditEvent
-from dlq import discard, relay
 from dlq.models import DeadLetter, ItemStatus, PlanStatus, ReplayPlan, Status
-from dlq.preview import Selection, build_preview
+from dlq.plans import discard, relay
+from dlq.plans.preview import Selection, build_preview
 from tests.conftest import client_for, make_channel, make_user
 from tests.dlq.conftest import letter, store
 from tests.dlq.replay_helpers import plan_for
@@ -96,7 +96,7 @@ def test_a_large_approved_discard_runs_in_the_relay_in_batches(oncall: User) -> 
     with override_settings(DLO_FOUR_EYES_THRESHOLD=1):
         plan = plan_for(entries, oncall, kind="discard")
     from audit.actions import Actor
-    from dlq import actions
+    from dlq.plans import actions
 
     original = discard.DISCARD_INLINE
     discard.DISCARD_INLINE = 1

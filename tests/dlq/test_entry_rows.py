@@ -1,5 +1,5 @@
-"""The entry list's rows as HTML (``dlq.entries_html``): byte for byte what the template's row
-loop rendered, hostile broker text included, and what the page shows."""
+"""The entry list's rows as HTML (``dlq.triage.entries_html``): byte for byte what the template's
+row loop rendered, hostile broker text included, and what the page shows."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from django.contrib.auth.models import User
 from django.template import Context, Template
 from django.utils import timezone
 
-from dlq.entries_html import entry_rows_html
 from dlq.models import DeadLetter, Source, Status
+from dlq.triage.entries_html import entry_rows_html
 from tests.conftest import client_for, make_channel
 from tests.dlq.conftest import letter, store
 

@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from dlq.fingerprint import fingerprint, normalize_error
+from dlq.capture.fingerprint import fingerprint, normalize_error
 
 
 def test_normalize_strips_numbers_uuids_hex_and_quoted_values() -> None:

@@ -10,10 +10,10 @@ import pytest
 from django.contrib.auth.models import User
 from django.test import override_settings
 
-from dlq.actions import PlanRefused, do_approve_plan, do_create_plan
-from dlq.filters import EntryFilter
 from dlq.models import DeadLetter, PlanStatus, Status
-from dlq.preview import Selection, build_preview
+from dlq.plans.actions import PlanRefused, do_approve_plan, do_create_plan
+from dlq.plans.preview import Selection, build_preview
+from dlq.triage.filters import EntryFilter
 from tests.conftest import client_for, make_channel, make_user
 from tests.dlq.conftest import letter, store
 from tests.dlq.replay_helpers import plan_for
@@ -90,7 +90,7 @@ def test_entries_of_a_discard_awaiting_approval_cannot_be_taken_by_another_plan(
 
 
 def test_a_cancelled_plan_releases_its_entries(oncall: User) -> None:
-    from dlq.actions import do_cancel_plan
+    from dlq.plans.actions import do_cancel_plan
 
     entries = _entries(3)
     with override_settings(DLO_FOUR_EYES_THRESHOLD=1):
@@ -110,7 +110,7 @@ def test_plans_awaiting_approval_are_counted_for_approvers_but_never_their_reque
 ) -> None:
     """Issue 26.1: the top bar's count (and its 10 s poll) reaches the people who can approve;
     four-eyes keeps a requester's own plans out of their count; a viewer is never asked."""
-    from dlq.replay_models import ReplayPlan
+    from dlq.models.plans import ReplayPlan
 
     other = make_user("olive", "oncall")
     channel = make_channel()

@@ -1,4 +1,4 @@
-"""Freezing a plan in the background, in chunks (``dlq.freeze``): replay order, the id bound,
+"""Freezing a plan in the background, in chunks (``dlq.plans.freeze``): replay order, the id bound,
 resuming after a crash, cancel and approval while freezing, the relay keeping off, progress on
 the plan page and in the API, and other writers never waiting for a chunk."""
 
@@ -16,13 +16,13 @@ from django.utils import timezone
 
 from audit.actions import Actor, record
 from audit.models import AuditEvent
-from dlq import freeze, relay
-from dlq.actions import PlanRefused, do_approve_plan, do_cancel_plan, do_create_plan
-from dlq.filters import EntryFilter
 from dlq.models import DeadLetter, ItemStatus, PlanStatus, ReplayItem, ReplayPlan, Status
-from dlq.preview import Selection, ids_digest
-from dlq.relay_items import orphaned_plans
-from dlq.views import entry_history
+from dlq.plans import freeze, relay
+from dlq.plans.actions import PlanRefused, do_approve_plan, do_cancel_plan, do_create_plan
+from dlq.plans.preview import Selection, ids_digest
+from dlq.plans.relay_items import orphaned_plans
+from dlq.triage.filters import EntryFilter
+from dlq.triage.views import entry_history
 from tests.conftest import client_for, make_channel, make_user
 from tests.dlq.conftest import letter, store
 

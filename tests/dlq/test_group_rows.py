@@ -1,4 +1,4 @@
-"""The failure groups' rows as HTML (``dlq.groups_html``): byte for byte what the template's
+"""The failure groups' rows as HTML (``dlq.triage.groups_html``): byte for byte what the template's
 row loop rendered, hostile text, long and non-ASCII errors included, from the tuples the page
 loads rather than model instances."""
 
@@ -11,9 +11,9 @@ import pytest
 from django.template import Context, Template
 from django.utils import timezone
 
-from dlq.groups_html import GROUP_FIELDS, Group, group_rows_html
 from dlq.models import FailureGroup
-from dlq.views import _group_rows
+from dlq.triage.groups_html import GROUP_FIELDS, Group, group_rows_html
+from dlq.triage.views import _group_rows
 from tests.conftest import make_channel
 from tests.dlq.conftest import letter, store
 

@@ -1,5 +1,5 @@
-"""The groups page's stored trend (``dlq.trends``): the hourly counts per failure group always
-equal a direct count of the dead-letter table, and the page shows them."""
+"""The groups page's stored trend (``dlq.capture.trends``): the hourly counts per failure group
+always equal a direct count of the dead-letter table, and the page shows them."""
 
 from __future__ import annotations
 
@@ -14,10 +14,10 @@ from django.apps import apps
 from django.contrib.auth.models import User
 from django.utils import timezone
 
-from dlq.actions import do_purge_expired
+from dlq.capture.retention import do_purge_expired
+from dlq.capture.trends import hour_of, windows
 from dlq.models import DeadLetter, GroupHour, Status
 from dlq.tasks import purge_expired_task
-from dlq.trends import hour_of, windows
 from tests.conftest import client_for, make_channel
 from tests.dlq.conftest import letter, store
 
@@ -106,7 +106,7 @@ def test_prune_drops_only_hours_before_both_windows() -> None:
     later = now + dt.timedelta(hours=20)
     kept = {key: n for key, n in _stored().items() if key[1] >= windows(later)[1]}
     assert len(kept) < len(_stored())  # some hours fall out 20 h later
-    from dlq import trends
+    from dlq.capture import trends
 
     trends.prune(later)
     assert _stored() == Counter(kept) == _direct(later)
@@ -202,7 +202,7 @@ def test_group_rows_link_each_channel_as_reverse_does() -> None:
     from django.urls import reverse
 
     from dashboard.html import escape
-    from dlq.groups_html import _Urls
+    from dlq.triage.groups_html import _Urls
 
     urls = _Urls()
     for slug in ("orders", "billing-eu_2", "slug", "a", "X-1"):

@@ -7,8 +7,8 @@ from django.core.management import call_command
 from django.db import DatabaseError
 
 from audit.models import AuditEvent
-from dlq import ingest
-from dlq.actions import do_ingest_channel
+from dlq.capture import ingest
+from dlq.capture.ingest import do_ingest_channel
 from dlq.models import DeadLetter, FailureGroup, Source, Status
 from tests.conftest import make_channel
 from tests.dlq.conftest import FakeAdapter, letter, store

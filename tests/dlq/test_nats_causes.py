@@ -25,7 +25,7 @@ from nats.js.api import AckPolicy, ConsumerConfig
 from brokers.base import Address
 from brokers.nats_jetstream import ADVISORY_STREAM, split_term_reason
 from channels_registry.models import BrokerKind
-from dlq import ingest
+from dlq.capture import ingest
 from dlq.models import DeadLetter, FailureGroup, Source
 from tests.conftest import broker_required, make_broker, make_channel
 

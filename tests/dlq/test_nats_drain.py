@@ -17,8 +17,8 @@ from brokers.base import Address, DeadLetter
 from brokers.nats_jetstream import ADVISORY_STREAM, NatsJetStreamAdapter, drain_consumer_name
 from channels_registry.models import BrokerKind, Channel, ChannelHealth, installation_id
 from channels_registry.polling import do_poll_broker
-from dlq import ingest
-from dlq.actions import channels_to_ingest, do_ingest_channel
+from dlq.capture import ingest
+from dlq.capture.ingest import channels_to_ingest, do_ingest_channel
 from dlq.models import DeadLetter as Entry
 from tests.alerts.test_metrics import scrape
 from tests.conftest import broker_required, make_broker, make_channel

@@ -221,7 +221,7 @@ def test_nav_and_channel_page_link_to_dead_letters(viewer: User) -> None:
 
 
 def test_filter_by_an_unknown_channel_is_empty_not_everything(viewer: User) -> None:
-    from dlq.filters import EntryFilter
+    from dlq.triage.filters import EntryFilter
 
     channel = make_channel()
     store(channel, letter())
@@ -256,7 +256,7 @@ def test_list_ignores_a_cursor_of_non_ascii_digits(viewer: User) -> None:
 
 
 def test_direction_overrides_in_broker_text_are_shown_not_obeyed(viewer: User) -> None:
-    from dlq.render import visible
+    from dlq.text.render import visible
 
     channel = make_channel()
     rtl = "fail\u202egnp.exe"

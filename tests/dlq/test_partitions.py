@@ -11,8 +11,8 @@ from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
 from audit.models import AuditEvent
-from dlq import partitions
-from dlq.actions import do_purge_expired
+from dlq.capture import partitions
+from dlq.capture.retention import do_purge_expired
 from dlq.models import (
     DeadLetter,
     DeadLetterKey,
@@ -232,7 +232,7 @@ def test_tombstoned_partitions_go_too(small: None) -> None:
 def test_the_unfiltered_total_is_the_partitions_estimate(small: None) -> None:
     """Autovacuum analyzes partitions, never the partitioned parent: the list's free total
     adds up the partitions' estimates instead of reading the parent's (never set)."""
-    from dlq.filters import _ESTIMATE_SQL, EntryFilter, approximate_total
+    from dlq.triage.filters import _ESTIMATE_SQL, EntryFilter, approximate_total
 
     partitions.ensure_partitions()
     _fill(make_channel(), SIZE * 2 + 1)  # two partitions and one row in the default

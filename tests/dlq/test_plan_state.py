@@ -1,4 +1,4 @@
-"""One owner for a plan's status (issue 25): ``dlq.plan_state`` alone writes
+"""One owner for a plan's status (issue 25): ``dlq.plans.plan_state`` alone writes
 ``ReplayPlan.status``; everything else asks it. Read from the source with ``ast``."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-OWNER = ROOT / "dlq" / "plan_state.py"
+OWNER = ROOT / "dlq" / "plans" / "plan_state.py"
 PACKAGES = ("alerts", "audit", "brokers", "channels_registry", "dashboard", "dlq")
 
 
@@ -92,7 +92,7 @@ def test_one_start_plan() -> None:
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
         if isinstance(node, ast.FunctionDef) and node.name == "start_plan"
     ]
-    assert defined == ["dlq/plan_state.py"]
+    assert defined == ["dlq/plans/plan_state.py"]
 
 
 def test_the_check_sees_both_forms(tmp_path: Path) -> None:

@@ -6,7 +6,7 @@ import pytest
 from django.contrib.auth.models import User
 
 from channels_registry.models import Channel
-from dlq import render
+from dlq.text import render
 from tests.conftest import client_for, make_channel
 from tests.dlq.conftest import letter, store
 from tests.dlq.hostile import BODIES, HOSTILE_HEADERS

@@ -15,12 +15,18 @@ from audit.models import AuditEvent
 from brokers.base import OutgoingMessage
 from brokers.base import PublishOutcome as Outcome
 from channels_registry.models import ChannelHealth
-from dlq import freeze, relay
-from dlq.actions import PlanRefused, do_approve_plan, do_cancel_plan, do_pause_plan, do_resume_plan
 from dlq.models import DeadLetter, ItemStatus, PlanStatus, ReplayItem, ReplayPlan, Status
-from dlq.preview import Selection, build_preview, ids_digest
-from dlq.relay_items import orphaned_plans
-from dlq.views import entry_history
+from dlq.plans import freeze, relay
+from dlq.plans.actions import (
+    PlanRefused,
+    do_approve_plan,
+    do_cancel_plan,
+    do_pause_plan,
+    do_resume_plan,
+)
+from dlq.plans.preview import Selection, build_preview, ids_digest
+from dlq.plans.relay_items import orphaned_plans
+from dlq.triage.views import entry_history
 from tests.conftest import client_for, make_channel, make_user
 from tests.dlq import replay_helpers
 from tests.dlq.conftest import letter, store
@@ -125,7 +131,7 @@ def test_preview_count_is_the_list_filters_count(oncall: User) -> None:
     params = {"channel": "orders", "reason": "expired"}
     preview = build_preview("replay", Selection.from_params(params),
                              DeadLetter.objects.all())  # fmt: skip
-    from dlq.filters import EntryFilter
+    from dlq.triage.filters import EntryFilter
 
     assert preview.matched == EntryFilter.from_params(params).apply(DeadLetter.objects).count()
     assert preview.matched == 3

@@ -17,8 +17,8 @@ from django.contrib.auth.models import User
 from alerts.metrics import render_metrics
 from audit.models import AuditEvent
 from channels_registry.models import BrokerKind
-from dlq import relay, relay_outcomes
 from dlq.models import DeadLetter, ItemStatus, PlanStatus, ReplayItem, Status
+from dlq.plans import relay, relay_outcomes
 from tests.conftest import broker_required, make_broker, make_channel
 from tests.dlq.conftest import letter, store
 from tests.dlq.replay_helpers import plan_for

@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from dlq.relay import BATCH_SIZE, IN_FLIGHT
+from dlq.plans.relay import BATCH_SIZE, IN_FLIGHT
 
 pytestmark = [pytest.mark.slow, pytest.mark.broker, pytest.mark.timeout(600)]
 

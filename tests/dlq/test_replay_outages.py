@@ -36,8 +36,8 @@ from django.test import override_settings
 
 from audit.models import AuditEvent
 from channels_registry.models import BrokerKind
-from dlq import relay
 from dlq.models import DeadLetter, PlanStatus, ReplayItem, ReplayPlan, Status
+from dlq.plans import relay
 from tests.conftest import broker_required, make_broker, make_channel
 from tests.dlq.conftest import letter, store
 from tests.dlq.replay_helpers import plan_for

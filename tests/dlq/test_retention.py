@@ -6,7 +6,7 @@ import pytest
 from django.utils import timezone
 
 from audit.models import AuditEvent
-from dlq.actions import do_purge_expired
+from dlq.capture.retention import do_purge_expired
 from dlq.models import DeadLetter, Status
 from dlq.tasks import purge_expired_task
 from tests.conftest import make_channel
@@ -41,7 +41,7 @@ def test_purge_leaves_tombstones_of_old_resolved_entries_only() -> None:
 
 
 def test_purge_runs_in_bounded_batches(monkeypatch: pytest.MonkeyPatch) -> None:
-    from dlq import retention
+    from dlq.capture import retention
 
     monkeypatch.setattr(retention, "PURGE_BATCH", 3)
     channel = make_channel(retention_s=60)

@@ -10,10 +10,11 @@ from django.db import connection
 from django.utils import timezone
 
 from brokers.base import Address
-from dlq import filters, ingest, search, views
-from dlq.actions import do_purge_expired
-from dlq.filters import EntryFilter
+from dlq.capture import ingest, search
+from dlq.capture.retention import do_purge_expired
 from dlq.models import DeadLetter, SearchText, Status
+from dlq.triage import filters, views
+from dlq.triage.filters import EntryFilter
 from tests.conftest import client_for, make_channel
 from tests.dlq.conftest import FakeAdapter, letter, store
 

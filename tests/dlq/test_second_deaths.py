@@ -25,9 +25,10 @@ from brokers.nats_jetstream import ADVISORY_STREAM, NatsDrainSession
 from brokers.rabbitmq import RabbitMQDrainSession
 from brokers.redis_streams import RedisDrainSession
 from channels_registry.models import BrokerKind, Channel
-from dlq import ingest, relay, relay_outcomes
+from dlq.capture import ingest
 from dlq.models import DeadLetter, PlanStatus
-from dlq.relay_states import canary_recurrences
+from dlq.plans import relay, relay_outcomes
+from dlq.plans.relay_states import canary_recurrences
 from tests.conftest import broker_required, make_broker, make_channel
 from tests.dlq.replay_helpers import plan_for
 

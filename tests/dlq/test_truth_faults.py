@@ -13,8 +13,9 @@ import redis
 from django.contrib.auth.models import User
 
 from channels_registry.models import BrokerKind
-from dlq import ingest, relay
+from dlq.capture import ingest
 from dlq.models import DeadLetter, PlanStatus, ReplayItem, SearchText
+from dlq.plans import relay
 from tests.conftest import broker_required, make_broker, make_channel
 from tests.dlq.replay_helpers import plan_for
 from tests.dlq.test_clients_redis import GROUP, streams  # noqa: F401 - fixture
@@ -73,7 +74,7 @@ def test_search_indexer_logs_one_line_during_a_database_outage(
 
     from django.db import connection
 
-    from dlq import search
+    from dlq.capture import search
     from tests.dlq.conftest import letter, store
 
     if connection.vendor != "postgresql":
@@ -82,7 +83,7 @@ def test_search_indexer_logs_one_line_during_a_database_outage(
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         closed = sock.getsockname()[1]
-    caplog.set_level(logging.DEBUG, logger="dlq.search")
+    caplog.set_level(logging.DEBUG, logger="dlq.capture.search")
     # The main thread's connection is open already; only the indexer's new one meets the port.
     monkeypatch.setitem(connection.settings_dict, "HOST", "127.0.0.1")
     monkeypatch.setitem(connection.settings_dict, "PORT", str(closed))
@@ -91,7 +92,9 @@ def test_search_indexer_logs_one_line_during_a_database_outage(
         indexer.submit([entries[1].pk])
     monkeypatch.undo()
 
-    lines = [r for r in caplog.records if r.name == "dlq.search" and r.levelno >= logging.INFO]
+    lines = [
+        r for r in caplog.records if r.name == "dlq.capture.search" and r.levelno >= logging.INFO
+    ]
     assert len(lines) == 1, [r.getMessage() for r in lines]
     assert "database unavailable" in lines[0].getMessage()
     assert lines[0].exc_info is None and "\n" not in lines[0].getMessage()

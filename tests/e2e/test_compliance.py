@@ -14,9 +14,9 @@ import pytest
 from playwright.sync_api import expect
 
 from audit.actions import Actor
-from dlq.actions import do_create_plan
 from dlq.models import DeadLetter
-from dlq.preview import Selection
+from dlq.plans.actions import do_create_plan
+from dlq.plans.preview import Selection
 from tests.conftest import PASSWORD, make_channel, make_user
 from tests.dlq.conftest import letter, store
 from tests.e2e.conftest import browser_user

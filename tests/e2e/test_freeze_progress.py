@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 from playwright.sync_api import expect
 
-from dlq import freeze
 from dlq.models import PlanStatus, ReplayPlan
+from dlq.plans import freeze
 from tests.conftest import PASSWORD, make_channel
 from tests.dlq.conftest import letter, store
 from tests.e2e.conftest import browser_user, off_loop

@@ -25,7 +25,7 @@ from alerts.models import Alert
 from audit.actions import Actor, record
 from audit.models import AuditEvent, AuditHead, ChainVerification
 from channels_registry.models import ChannelHealth
-from dlq.replay_models import PlanStatus, ReplayPlan
+from dlq.models.plans import PlanStatus, ReplayPlan
 from tests.conftest import PASSWORD, make_broker, make_channel, make_user
 from tests.dlq.conftest import letter, store
 from tests.e2e.conftest import ARTIFACTS, browser_user

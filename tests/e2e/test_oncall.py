@@ -14,10 +14,10 @@ from playwright.sync_api import expect
 
 from audit.models import AuditEvent
 from channels_registry.polling import do_poll_broker
-from dlq.actions import do_ingest_channel
+from dlq.capture.ingest import do_ingest_channel
 from dlq.models import DeadLetter, Status
-from dlq.relay import run_plan
-from dlq.replay_models import PlanStatus, ReplayPlan
+from dlq.models.plans import PlanStatus, ReplayPlan
+from dlq.plans.relay import run_plan
 from tests.conftest import PASSWORD, make_broker, make_channel
 from tests.e2e.conftest import browser_user, off_loop
 

@@ -16,8 +16,9 @@ from unittest import mock
 
 from django.contrib.auth.models import User
 
-from dlq import ingest, relay
+from dlq.capture import ingest
 from dlq.models import DeadLetter, ItemStatus, PlanStatus, ReplayItem
+from dlq.plans import relay
 from tests.dlq.replay_helpers import plan_for
 
 if TYPE_CHECKING:
@@ -59,7 +60,7 @@ def start(run: Run) -> None:
         time.sleep(0.2)
     entries = list(DeadLetter.objects.filter(channel=run.channel))
     user, _ = User.objects.get_or_create(username="truth-oncall")
-    with mock.patch("dlq.plan_jobs.enqueue_relay"):
+    with mock.patch("dlq.plans.plan_jobs.enqueue_relay"):
         plan = plan_for(entries, user, velocity=VELOCITY, reason="truth: replay in progress")
     run.extra["replay"] = ReplayRun(plan.pk, len(entries))
 

@@ -8,9 +8,9 @@ from django.contrib.auth import get_user_model
 from django.core.management.base import CommandError, CommandParser, OutputWrapper
 
 from audit.actions import Actor
-from dlq.filters import EntryFilter, parse_id
 from dlq.models import DeadLetter
-from dlq.preview import Preview, Selection
+from dlq.plans.preview import Preview, Selection
+from dlq.triage.filters import EntryFilter, parse_id
 
 
 def add_selection_arguments(parser: CommandParser) -> None:
@@ -75,8 +75,8 @@ def write_preview(out: OutputWrapper, preview: Preview) -> None:
 
 def frozen(out: OutputWrapper, plan: Any) -> Any:
     """A plan still freezing (a large selection) is frozen here, in the foreground."""
-    from dlq import freeze
     from dlq.models import PlanStatus
+    from dlq.plans import freeze
 
     if plan.status != PlanStatus.FREEZING:
         return plan

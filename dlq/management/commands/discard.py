@@ -4,7 +4,6 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from dlq.actions import PlanRefused, do_create_plan
 from dlq.management.commands._bulk import (
     actor,
     add_selection_arguments,
@@ -13,7 +12,8 @@ from dlq.management.commands._bulk import (
     write_preview,
 )
 from dlq.models import DeadLetter, PlanKind
-from dlq.preview import build_preview
+from dlq.plans.actions import PlanRefused, do_create_plan
+from dlq.plans.preview import build_preview
 
 
 class Command(BaseCommand):

@@ -10,8 +10,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from channels_registry.models import Channel
 from channels_registry.service import Backoff, exists_unless_away, run_service, stop_on_signals
-from dlq.actions import channels_to_ingest, do_ingest_channel
-from dlq.ingest import IngestResult
+from dlq.capture.ingest import IngestResult, channels_to_ingest, do_ingest_channel
 
 IDLE_WAIT_S = 2.0  # between rounds when nothing was waiting
 ROUND_BATCHES = 20  # batches per channel per round, so a busy channel never starves the rest

@@ -10,7 +10,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils import timezone
 
-from dlq import partitions
+from dlq.capture import partitions
 
 
 class Command(BaseCommand):

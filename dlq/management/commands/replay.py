@@ -4,8 +4,6 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from dlq import relay
-from dlq.actions import PlanRefused, do_approve_plan, do_create_plan
 from dlq.management.commands._bulk import (
     actor,
     add_selection_arguments,
@@ -14,7 +12,9 @@ from dlq.management.commands._bulk import (
     write_preview,
 )
 from dlq.models import DeadLetter, PlanKind, PlanStatus, ReplayPlan
-from dlq.preview import DEFAULT_VELOCITY, build_preview
+from dlq.plans import relay
+from dlq.plans.actions import PlanRefused, do_approve_plan, do_create_plan
+from dlq.plans.preview import DEFAULT_VELOCITY, build_preview
 
 
 class Command(BaseCommand):

@@ -1,0 +1,106 @@
+"""A discard plan's work: its entries become DISCARDED in bounded batches, one audit event per
+entry; entries that changed state since the plan froze them are skipped. The plan's own state
+changes go through ``dlq.plans.plan_state``."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from django.db import transaction
+from django.db.models import F
+from django.utils import timezone
+
+from audit.actions import Actor, EventSpec, record_many
+from dlq.models import (
+    DeadLetter,
+    ItemStatus,
+    PlanStatus,
+    ReplayItem,
+    ReplayPlan,
+    Status,
+    refresh_open_counts,
+)
+from dlq.plans import plan_state
+
+DISCARD_INLINE = 1_000  # larger discards run in the worker, in batches
+DISCARD_BATCH = 1_000
+
+
+def discard_items(plan: ReplayPlan, items: list[ReplayItem]) -> int:
+    """Discard these items' entries (state change, one audit event per entry). Entries that
+    changed state since the plan froze them (being replayed, already discarded) are skipped."""
+
+    now = timezone.now()
+    ids = [i.entry_id for i in items]
+    eligible = set(
+        DeadLetter.objects.filter(pk__in=ids)
+        .exclude(status__in=[Status.DISCARDED, Status.REPLAYING])
+        .values_list("pk", "status")
+    )
+    before = dict(eligible)
+    DeadLetter.objects.filter(pk__in=list(before)).update(status=Status.DISCARDED)
+    refresh_open_counts(list(before))
+    done = [i for i in items if i.entry_id in before]
+    skipped = [i for i in items if i.entry_id not in before]
+    ReplayItem.objects.filter(pk__in=[i.pk for i in done]).update(
+        status=ItemStatus.DISCARDED, finished_at=now
+    )
+    ReplayItem.objects.filter(pk__in=[i.pk for i in skipped]).update(
+        status=ItemStatus.SKIPPED, finished_at=now
+    )
+    actor = Actor(plan.requested_by_id, plan.requested_by_username)
+    record_many(
+        [
+            EventSpec(
+                "dlq.discard",
+                "dlq.deadletter",
+                i.entry_id,
+                f"dead letter #{i.entry_id}",
+                plan.channel.slug,
+                reason=plan.reason,
+                after={
+                    "plan": plan.pk,
+                    "status": [before[i.entry_id], Status.DISCARDED],
+                    "approved_by": plan.approved_by_username or None,
+                },
+            )  # fmt: skip
+            for i in done
+        ],
+        actor=actor,
+    )
+    ReplayPlan.objects.filter(pk=plan.pk).update(
+        discarded=F("discarded") + len(done), skipped=F("skipped") + len(skipped)
+    )
+    return len(done)
+
+
+def discard_now(plan: ReplayPlan) -> None:
+    """A small queued discard, in the caller's transaction: started, every item, finished."""
+    plan_state.start_plan(plan)
+    discard_items(plan, list(plan.items.filter(status=ItemStatus.PENDING)))
+    plan_state.finish_discard(plan)
+
+
+def run_discard_plan(plan: ReplayPlan, owner: str, result: Any, max_seconds: float) -> Any:
+    """The relay's part for an approved discard plan: bounded batches, one transaction each."""
+
+    deadline = time.monotonic() + max_seconds
+    plan_state.start_plan(plan)
+    while time.monotonic() < deadline:
+        with transaction.atomic():
+            plan.refresh_from_db()
+            if plan.status != PlanStatus.RUNNING:
+                break
+            items = list(
+                plan.items.filter(status=ItemStatus.PENDING).order_by("position")[:DISCARD_BATCH]
+            )
+            if not items:
+                plan_state.finish_discard(plan)
+                break
+            discard_items(plan, items)
+    else:
+        result.more = True
+    plan.refresh_from_db()
+    result.status = plan.status
+    return result
