@@ -116,7 +116,7 @@ def test_a_shared_activemq_dlq_gives_each_channel_exactly_its_own_dead_letters(
     from brokers.activemq import SHARED_DLQ, shared_dlq_address
     from channels_registry.models import ChannelHealth
     from channels_registry.polling import do_poll_broker
-    from dlq.ingest import store_batch
+    from dlq.capture.ingest import store_batch
     from dlq.models import Source
 
     tag = uuid.uuid4().hex[:8]
