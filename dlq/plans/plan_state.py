@@ -1,6 +1,6 @@
 """The one owner of a replay or discard plan's status: every transition, and its audit event.
 
-No other module writes ``ReplayPlan.status`` (``tests/dlq/test_plan_state.py`` checks the
+No other module writes ``ReplayPlan.status`` (``tests/dlq/plans/test_plan_state.py`` checks the
 source): the plan is created FREEZING (``dlq.plans.actions``), and from there
 
 - ``close_freeze`` / ``finish_freeze``: FREEZING → AWAITING_APPROVAL, QUEUED, or CANCELLED when

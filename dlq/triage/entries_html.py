@@ -1,8 +1,8 @@
 """The entry list's rows as HTML (``PAGE_SIZE`` per page), built in Python for the reason
 ``dashboard.html`` gives: through the template engine the 50 rows cost more than every query of
 the page (~25 variables, filters and tags per row). The markup is what the template's row loop
-rendered, byte for byte (``tests/dlq/test_entry_rows.py`` renders both); each value is escaped
-as the engine escaped it, and broker-supplied text goes through ``visible`` first."""
+rendered, byte for byte (``tests/dlq/triage/test_entry_rows.py`` renders both); each value is
+escaped as the engine escaped it, and broker-supplied text goes through ``visible`` first."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 ``BrokerError`` with ``connection_lost=True`` from ``open_publisher`` and per-message
 ``PublishOutcome.connection_lost`` from a session whose broker went away — never a message text
 the relay would have to parse. (Killing a live broker mid-publish is covered by
-``tests/dlq/test_replay_outages.py``.)"""
+``tests/dlq/plans/test_replay_outages.py``.)"""
 
 from __future__ import annotations
 

@@ -17,8 +17,8 @@ from dlq.capture import ingest
 from dlq.models import DeadLetter, PlanStatus, ReplayItem, SearchText
 from dlq.plans import relay
 from tests.conftest import broker_required, make_broker, make_channel
+from tests.dlq.capture.test_clients_redis import GROUP, streams  # noqa: F401 - fixture
 from tests.dlq.replay_helpers import plan_for
-from tests.dlq.test_clients_redis import GROUP, streams  # noqa: F401 - fixture
 
 pytestmark = [pytest.mark.broker, pytest.mark.django_db, pytest.mark.timeout(120)]
 

@@ -22,7 +22,7 @@ import pytest
 
 from brokers.activemq import ActiveMQAdapter
 from brokers.base import Address, OutgoingMessage
-from tests.dlq.test_faults import (
+from tests.dlq.capture.test_faults import (
     COUNT,
     _pg,
     crash_after_commit_case,

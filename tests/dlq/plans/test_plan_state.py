@@ -6,7 +6,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 OWNER = ROOT / "dlq" / "plans" / "plan_state.py"
 PACKAGES = ("alerts", "audit", "brokers", "channels_registry", "dashboard", "dlq")
 
