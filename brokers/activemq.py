@@ -29,10 +29,10 @@ the selector ``JMSDestination = 'queue://<origin>'``, which ActiveMQ evaluates o
 destination of a dead letter: each channel takes exactly its own letters, and letters of a
 queue no channel declares stay in the DLQ for whoever owns them (tried on 5.17). ActiveMQ pages
 at most ``maxPageSize`` (200) messages of a queue into memory for dispatch, and a selector sees
-only those: 200 letters nobody drains at the head of the DLQ hide every later one (a stall,
-which ``waiting`` cannot tell apart from letters that are someone else's). How many of the
-shared DLQ's letters came from one origin is unknown to the statistics plugin: such an address
-polls as unknown (the poller says why on the channel).
+only those: 200 letters nobody drains at the head of the DLQ hide every later one. How many
+of the shared DLQ's letters came from one origin is unknown to the statistics plugin: such an
+address polls as unknown, with the whole DLQ's size as ``shared_total``; the poller says why on
+the channel, and warns once the whole DLQ holds a page (``PAGE_SIZE``) or more.
 
 What STOMP cannot tell: the redelivery policy (``maximumRedeliveries``, backoff) lives in each
 JMS client, and the broker's dead-letter strategy is in its XML; neither is readable here.
@@ -76,6 +76,9 @@ from brokers.base import (
 log = logging.getLogger(__name__)
 
 SHARED_DLQ = "ActiveMQ.DLQ"
+#: ActiveMQ's default ``maxPageSize``: messages of a queue paged in for dispatch, all a selector
+#: can see at once.
+PAGE_SIZE = 200
 INDIVIDUAL_DLQ_PREFIX = "DLQ."
 STATS_PREFIX = "ActiveMQ.Statistics.Destination."
 END_LIST = "ActiveMQ.Statistics.Destination.List.End.With.Null"
@@ -200,8 +203,12 @@ class ActiveMQAdapter(BrokerAdapter):
         for address in addresses:
             if address.name not in answered or address.group:
                 # Not answered, or one origin's share of a shared DLQ (which no statistic
-                # counts): exists, every number unknown.
-                stats[address] = ChannelStats(address, exists=True, observed_at=now)
+                # counts): exists, every number unknown; the whole DLQ's size beside it.
+                whole = maps.get(address.name) if address.group else None
+                total = _int(whole.get("size")) if whole else None
+                stats[address] = ChannelStats(
+                    address, exists=True, shared_total=total, observed_at=now
+                )
                 continue
             found = maps.get(address.name)
             if found is None:
@@ -855,4 +862,4 @@ def _header_text(value: Any) -> str:
     return str(value)
 
 
-__all__ = ["ActiveMQAdapter", "origin_selector", "shared_dlq_address"]
+__all__ = ["PAGE_SIZE", "SHARED_DLQ", "ActiveMQAdapter", "origin_selector", "shared_dlq_address"]

@@ -132,6 +132,9 @@ class ChannelStats:
     #: With ``exists=False``: what exactly is missing when the address is only partly there
     #: ("stream 'orders' exists but has no consumer group 'workers'"); "" = nothing of it.
     missing: str = ""
+    #: One consumer's share of a queue shared by several (``Address.group`` on ActiveMQ's
+    #: shared DLQ): the whole queue's message count, where only that is counted; else None.
+    shared_total: int | None = None
     observed_at: float = dataclasses.field(default_factory=time.time)
 
     def as_dict(self) -> dict[str, Any]:

@@ -39,7 +39,7 @@ from django.db import transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
-from brokers.activemq import SHARED_DLQ, shared_dlq_address
+from brokers.activemq import PAGE_SIZE, SHARED_DLQ, shared_dlq_address
 from brokers.base import Address, BrokerError, ChannelStats, PollResult, Topology, scrub
 from brokers.nats_jetstream import (
     ADVISORY_STREAM,
@@ -551,6 +551,30 @@ def _store(
     )
 
 
+def shared_dlq_evidence(queue: str, whole: int | None) -> list[str]:
+    """What a channel draining its letters out of ActiveMQ's shared DLQ cannot see: its own
+    depth there (ActiveMQ counts the queue as a whole) and, once the whole DLQ holds a page or
+    more, its letters behind other queues' (a selector sees the paged-in messages alone)."""
+    said = [
+        f"DLQ depth unknown: {SHARED_DLQ} is shared by every queue without a dead-letter"
+        " queue of its own, and ActiveMQ counts it as a whole; ingest takes this queue's"
+        " letters alone. Give the queue an individualDeadLetterStrategy (queuePrefix DLQ.)"
+        f" and declare DLQ.{queue} to see its depth."
+    ]
+    if whole is not None and whole >= PAGE_SIZE:
+        said.append(
+            f"{SHARED_DLQ} holds {whole:,} dead letters: ActiveMQ pages {PAGE_SIZE} of a queue"
+            " in for dispatch (maxPageSize) and a selector sees only those, so this queue's"
+            f" letters behind {PAGE_SIZE} of other queues' wait unseen until those are"
+            " drained. A dead-letter queue of its own avoids it."
+        )
+    return said
+
+
+def _shared_total(stats: ChannelStats | None) -> int | None:
+    return stats.shared_total if stats is not None else None
+
+
 def _store_sample(
     broker: Broker,
     channel: Channel,
@@ -591,12 +615,10 @@ def _store_sample(
     assessment.evidence.extend(result.limits)
     shared = [a for a in (*addresses.dlq, *addresses.poison) if a.group and a.name == SHARED_DLQ]
     if broker.kind == BrokerKind.ACTIVEMQ and shared:
-        assessment.evidence.append(
-            f"DLQ depth unknown: {SHARED_DLQ} is shared by every queue without a dead-letter"
-            " queue of its own, and ActiveMQ counts it as a whole; ingest takes this queue's"
-            " letters alone. Give the queue an individualDeadLetterStrategy (queuePrefix DLQ.)"
-            f" and declare DLQ.{channel.address} to see its depth."
+        whole = next(
+            (t for a in shared if (t := _shared_total(result.stats.get(a))) is not None), None
         )
+        assessment.evidence.extend(shared_dlq_evidence(channel.address, whole))
     row.window = [p.as_list() for p in window]
     for name, value in kept.items():
         setattr(row, name, value)

@@ -218,6 +218,24 @@ def test_poll_missing_queue_is_missing_and_an_absent_dlq_holds_none(activemq: No
     assert result.errors == [] and result.limits == []
 
 
+def test_poll_of_one_origins_share_is_unknown_beside_the_whole_queues_size(app: App) -> None:
+    """One channel's share of a shared DLQ (``Address.group``): no statistic counts it, so its
+    numbers are unknown; the whole queue's size comes beside them (a private queue stands in
+    for ActiveMQ.DLQ, which other tests share)."""
+    queue = unique("shared")
+    for n in range(3):
+        app.send(queue, b"m%d" % n)
+    wait_stats(queue, {"retained": 3})
+    share, whole = Address(queue, group="some.origin"), Address(queue)
+    result = adapter().poll([share, whole])
+    assert (result.stats[share].exists, result.stats[share].retained) == (True, None)
+    assert result.stats[share].backlog is None
+    assert result.stats[share].shared_total == 3
+    assert (result.stats[whole].retained, result.stats[whole].shared_total) == (3, None)
+    with adapter().drain(Address(queue)) as session:  # leave nothing behind
+        session.ack(drain_all(session, 3))
+
+
 def test_poll_round_trips_do_not_grow_with_queue_count(activemq: None) -> None:
     names = [Address(unique("many")) for _ in range(30)]
     one, many = adapter().poll(names[:1]), adapter().poll(names)

@@ -635,3 +635,17 @@ def test_rabbitmq_without_management_api_says_what_is_unknown_and_how_to_see_it(
     assert "Polled over AMQP only (no management URL is declared)" in page
     assert "matches the declaration" not in page
     assert "on the broker, not yet ingested" in page and "on the broker in total" in page
+
+
+def test_a_shared_activemq_dlq_says_its_depth_is_unknown_and_warns_from_a_page_of_letters() -> None:
+    """On ActiveMQ's shared DLQ a channel's depth is unknown (with the fix); from ActiveMQ's
+    page of 200 letters on, a selector may not reach the channel's own: the board says so."""
+    from channels_registry.polling import shared_dlq_evidence
+
+    below = shared_dlq_evidence("orders", 199)
+    assert len(below) == 1 and below[0].startswith("DLQ depth unknown: ActiveMQ.DLQ is shared")
+    assert "declare DLQ.orders" in below[0]
+    assert shared_dlq_evidence("orders", None) == below  # the whole DLQ's size unknown too
+    at = shared_dlq_evidence("orders", 1_200)
+    assert at[0] == below[0]
+    assert at[1].startswith("ActiveMQ.DLQ holds 1,200 dead letters: ActiveMQ pages 200")
