@@ -18,4 +18,4 @@ USER dlo
 EXPOSE 8000
 # No --proxy-headers: daphne would believe the left-most X-Forwarded-For from any client. The
 # app reads forwarded headers itself, only from DLO_TRUSTED_PROXIES (dashboard/proxy.py).
-CMD ["daphne", "-b", "0.0.0.0", "-p", "8000", "dashboard.asgi:application"]
+CMD ["daphne", "-b", "0.0.0.0", "-p", "8000", "config.asgi:application"]

@@ -39,7 +39,7 @@ lint: $(STAMP)
 	$(BIN)/lint-imports --no-logo
 
 typecheck: $(STAMP)
-	$(BIN)/mypy dashboard channels_registry brokers dlq audit alerts
+	$(BIN)/mypy config dashboard channels_registry brokers dlq audit alerts
 
 pytest: $(STAMP)
 	$(BIN)/pytest $(PYTEST_ARGS)

@@ -1,6 +1,6 @@
 """Alert evaluation: the database side of ``alerts.rules``.
 
-``do_evaluate_alerts(now)`` runs every ~15 s (``dashboard.periodic``). It is one transaction
+``do_evaluate_alerts(now)`` runs every ~15 s (``config.periodic``). It is one transaction
 behind a lock on the ``EvaluatorState`` row, so two schedulers never evaluate at once, and
 re-running it with the same ``now`` changes nothing (``rules.step`` is idempotent).
 

@@ -70,7 +70,7 @@ def setup_django(workdir: Path) -> None:
     os.environ.pop("REDIS_URL", None)
     os.environ["DLO_AUDIT_SIGNING_KEY"] = str(workdir / "key.pem")
     os.environ["DLO_AUDIT_CHECKPOINT_DIR"] = str(workdir / "checkpoints")
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "dashboard.settings")
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
     import django
 
     django.setup()

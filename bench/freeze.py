@@ -66,7 +66,7 @@ def _pg(dbname: str = "postgres") -> Any:
 
 def _django() -> None:
     os.environ["DATABASE_URL"] = _url(DB)
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "dashboard.settings")
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
     os.environ.pop("CELERY_BROKER_URL", None)
     import django
 

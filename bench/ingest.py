@@ -108,7 +108,7 @@ def bare_loop(queue: str) -> float:
 def main() -> None:
     if not os.environ.get("DATABASE_URL", "").startswith("postgres"):
         sys.exit("Set DATABASE_URL to a PostgreSQL database for the benchmark.")
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "dashboard.settings")
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
     os.environ["DLO_BROKER_BENCH_INGEST_URL"] = URL
     django.setup()
     from django.core.management import call_command

@@ -8,7 +8,7 @@ received per cycle, and the resident memory of the server process.
 1. A fresh PostgreSQL database (``bench_live_<run>``), migrated; a viewer user and one Django
    session per client (``SessionStore``, the cookie a browser would hold); one broker and
    1,000 channels.
-2. The server is a real ASGI process: ``daphne dashboard.asgi:application`` on loopback, with
+2. The server is a real ASGI process: ``daphne config.asgi:application`` on loopback, with
    ``REDIS_URL=redis://127.0.0.1:6379/5`` so the channel layer (channels_redis) carries the
    pushes from this process to it.
 3. Clients: a minimal RFC 6455 client on asyncio streams (the venv has no ``websockets`` or
@@ -20,7 +20,7 @@ received per cycle, and the resident memory of the server process.
    of every row. Messages that are not rows (JSON notices: "sampled", "reload", "stopped")
    are counted by kind.
 4. The poller: the real ``do_poll_broker`` (samples, health, one transaction, push after
-   commit through ``dashboard.live.push_board_rows``) with the adapter replaced by a synthetic
+   commit through ``dashboard.board.live.push_board_rows``) with the adapter replaced by a synthetic
    one, so no broker is involved and every cycle changes ``BENCH_CHANGED`` rows (in-flight =
    the cycle number, which the clients read back from the row HTML as today's page renders
    it: the cell ``data-label="In flight">N</td>``, or from a row patch: cell ``"3":"N"``).
@@ -76,7 +76,7 @@ REDIS_URL = os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/5")
 #: How long the clients keep listening after the last poll (a server behind catches up).
 GRACE_S = float(os.environ.get("BENCH_GRACE_S", "10"))
 #: Polls after the clients connected that are not measured (the server's first poll finds
-#: its process's mirror empty and sends whole rows: ``dashboard.consumers``), then a pause.
+#: its process's mirror empty and sends whole rows: ``dashboard.board.consumers``), then a pause.
 WARMUP = int(os.environ.get("BENCH_WARMUP", "0"))
 SETTLE_S = float(os.environ.get("BENCH_SETTLE_S", "15"))
 #: A path: the server runs under cProfile and writes its profile there when it stops.
@@ -85,8 +85,8 @@ RUN = uuid.uuid4().hex[:8]
 DB = f"bench_live_{RUN}"
 HOST = "127.0.0.1"
 
-#: The in-flight cell of a row as ``dashboard.board_html`` renders it: the moving rows show the
-#: cycle number there (every other row shows 0); in a row patch (``dashboard.consumers``
+#: The in-flight cell of a row as ``dashboard.board.rows`` renders it: the moving rows show the
+#: cycle number there (every other row shows 0); in a row patch (``dashboard.board.consumers``
 #: ``row_patch``) it is cell 3.
 _MOVING = re.compile(rb'data-label="In flight">([1-9]\d{0,3})</td>')
 _PATCHED = re.compile(rb'<!--dlo \{"patch":\[\d+,\{[^{}]*?"3":"([1-9]\d{0,3})"')
@@ -106,7 +106,7 @@ def _server_env() -> dict[str, str]:
         DEBUG="0",
         ALLOWED_HOSTS=HOST,
         LOG_LEVEL="WARNING",
-        DJANGO_SETTINGS_MODULE="dashboard.settings",
+        DJANGO_SETTINGS_MODULE="config.settings",
     )
     env.pop("CELERY_BROKER_URL", None)
     return env
@@ -214,7 +214,7 @@ def start_server(port: int, log: Any) -> subprocess.Popen[bytes]:
     profile = ["-m", "cProfile", "-o", PROFILE] if PROFILE else []
     proc = subprocess.Popen(
         [sys.executable, *profile, "-m", "daphne", "-b", HOST, "-p", str(port)]
-        + ["dashboard.asgi:application"],
+        + ["config.asgi:application"],
         env=_server_env(),
         stdout=log,
         stderr=subprocess.STDOUT,
@@ -450,7 +450,7 @@ def run_clients(
     from django.db import connections
 
     from channels_registry.models import Broker
-    from dashboard import live
+    from dashboard.board import live
 
     cycle = [0]
     commits: dict[int, float] = {}

@@ -12,7 +12,7 @@ demo), in a fresh PostgreSQL database. ``BENCH_CHANNELS``, ``BENCH_ENTRIES``,
    ``Client`` in-process, as a user with the oncall and compliance roles; the time around
    ``client.get`` is the server time (middleware, queries, templates), without a network.
    Before the first request the heap is settled as the ASGI server does at start-up
-   (``dashboard.startup.settle_heap``); ``BENCH_SETTLE_HEAP=0`` leaves it as it is, to compare.
+   (``config.startup.settle_heap``); ``BENCH_SETTLE_HEAP=0`` leaves it as it is, to compare.
 3. Report p50 / p95 / max per page, the number of queries of one request and the 1-minute load
    average while it ran; ``uptime`` before and after (other work on the machine distorts the
    figures: quote them with it).
@@ -61,7 +61,7 @@ def setup_django() -> bool:
     os.environ["LOG_LEVEL"] = "WARNING"
     os.environ.pop("CELERY_BROKER_URL", None)
     os.environ.pop("REDIS_URL", None)  # in-memory channel layer: pushes go nowhere
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "dashboard.settings")
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
     import django
 
     django.setup()
@@ -195,7 +195,7 @@ def main() -> None:
             make_data()
         targets = bench_targets()
         if os.environ.get("BENCH_SETTLE_HEAP", "1") == "1":
-            from dashboard.startup import settle_heap
+            from config.startup import settle_heap
 
             print(f"heap: settled as at the server's start-up, {settle_heap():,} objects frozen")
         else:

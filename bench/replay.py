@@ -52,7 +52,7 @@ def setup_django() -> None:
     with _pg() as conn:
         conn.execute(f'CREATE DATABASE "{DB}"')
     os.environ["DATABASE_URL"] = PG_ADMIN.rsplit("/", 1)[0] + "/" + DB
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "dashboard.settings")
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
     os.environ.pop("CELERY_BROKER_URL", None)
     import django
 

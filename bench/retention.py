@@ -89,7 +89,7 @@ def widen(part: Any, now: dt.datetime) -> None:
 def main() -> None:
     if not os.environ.get("DATABASE_URL", "").startswith("postgres"):
         sys.exit("Set DATABASE_URL to the PostgreSQL database bench.triage filled.")
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "dashboard.settings")
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
     django.setup()
     from django.db import connection
     from django.utils import timezone

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import datetime as dt
+from collections.abc import Callable
 from typing import Any
 
 from django.core.paginator import Paginator
@@ -90,17 +92,28 @@ def channel_retries(request: HtmxHttpRequest, slug: str) -> HttpResponse:
     return render(request, template, context)
 
 
+#: Builds the board's row for one channel: the channel page shows its state as the board does.
+#: Registered by the board's app (``DashboardConfig.ready``), the layer above this one.
+BoardRowBuilder = Callable[[Channel, dt.datetime], Any]
+_board_row: BoardRowBuilder | None = None
+
+
+def register_board_row(build: BoardRowBuilder | None) -> None:
+    global _board_row
+    _board_row = build
+
+
 def live_health_context(
     channel: Channel, range_key: str, window: tuple[float, float] | None = None
 ) -> dict[str, Any]:
     """The channel page's health section: current state (as the board shows it), charts and
     the declared-vs-observed findings."""
-    from dashboard.board import make_row
-
+    if _board_row is None:
+        raise RuntimeError("The health board (the dashboard app) is not installed.")
     channel = Channel.objects.select_related("broker", "health").get(pk=channel.pk)
     health = getattr(channel, "health", None)
     return {
-        "health_row": make_row(channel, timezone.now()),
+        "health_row": _board_row(channel, timezone.now()),
         "broker_problems": channel.broker.config_problems(),
         "management_notes": management_notes(channel.broker),
         "observed_findings": health.observed_findings if health else [],

@@ -1,7 +1,4 @@
-"""The project package: settings, URLs, ASGI/Celery entry points and the health board."""
-
-from __future__ import annotations
-
-from dashboard.celery import app as celery_app
-
-__all__ = ["celery_app"]
+"""The web layer every app may use (``http``, ``html``, ``text``, ``templating``, ``proxy``,
+``egress``, ``api``, ``roles``, ``admin_text``, API tokens in ``models``, template tags), the
+project-level pages (sign-in, health check, API tokens) and, in ``dashboard.board``, the health
+board. The project's wiring is ``config``."""

@@ -9,7 +9,9 @@ class DashboardConfig(AppConfig):
 
     def ready(self) -> None:
         from channels_registry.polling import register_board_push
-        from dashboard import api_schema, live, receivers, scheduler
+        from channels_registry.views import register_board_row
+        from dashboard import api_schema, receivers
+        from dashboard.board import live, page
 
         _ = api_schema  # registers the bearer scheme with drf-spectacular
         _ = receivers  # revokes a user's API tokens on deactivation or a new password
@@ -17,4 +19,5 @@ class DashboardConfig(AppConfig):
         # Polling (a lower layer) tells the live board what changed through this hook. Looked
         # up at each call, so a replaced ``live.push_board_rows`` (bench/live.py) is the one run.
         register_board_push(lambda ids, sampled: live.push_board_rows(ids, sampled))
-        scheduler.start_if_enabled()
+        # The channel page shows the board's row for its channel.
+        register_board_row(page.make_row)

@@ -400,7 +400,7 @@ def test_a_copy_of_a_genuine_event_is_broken() -> None:
 def test_checkpoints_are_due_every_ten_seconds_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
     from django.conf import settings
 
-    from dashboard.periodic import PERIODIC_JOBS, _seconds
+    from config.periodic import PERIODIC_JOBS, _seconds
 
     assert PERIODIC_JOBS["audit-checkpoint"] == ("audit.tasks.write_audit_checkpoint_task", 10.0)
     assert settings.DLO_AUDIT_CHECKPOINT_INTERVAL_S == 10

@@ -232,7 +232,7 @@ def test_channel_page_shows_state_evidence_charts_and_observed(viewer: Any) -> N
 def test_big_board_renders_the_worst_rows_first_and_counts_every_state(
     viewer: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from dashboard import board
+    from dashboard.board import page as board
 
     monkeypatch.setattr(board, "FIRST_ROWS", 3)
     monkeypatch.setattr(board, "MORE_ROWS", 2)
@@ -276,7 +276,7 @@ def test_board_sorts_and_slices_in_the_database(
 ) -> None:
     """Only the rows on screen are loaded (LIMIT in SQL), and the order is the stored severity
     raised to STALE for a row nobody polled recently — worked out in the query, not Python."""
-    from dashboard import board
+    from dashboard.board import page as board
 
     monkeypatch.setattr(board, "FIRST_ROWS", 2)
     broker = make_broker()
@@ -320,7 +320,7 @@ def test_stale_rows_rank_and_count_the_same_however_many_are_stale(
 ) -> None:
     """A few stale rows are read one by one; a stopped scheduler (more than STALE_SCAN) makes
     the database rank them. Either way the order, the counts and the filters agree."""
-    from dashboard import board
+    from dashboard.board import page as board
 
     monkeypatch.setattr(board, "STALE_SCAN", scan)
     monkeypatch.setattr(board, "FIRST_ROWS", 1)  # the counts show when rows are cut

@@ -1,4 +1,4 @@
-"""The board's rows as HTML (``dashboard.board_html``): escaped like the template engine
+"""The board's rows as HTML (``dashboard.board.rows``): escaped like the template engine
 escapes, and the very row the page shows is the row the websocket pushes."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from django.utils import timezone
 
 from channels_registry.health import SEVERITY, HealthState
 from channels_registry.models import ChannelHealth
-from dashboard import live
+from dashboard.board import live
 from tests.conftest import client_for, make_broker, make_channel
 
 pytestmark = pytest.mark.django_db
@@ -145,8 +145,8 @@ def test_rows_are_the_old_partials_rows_byte_for_byte() -> None:
     from django.template import Context, Engine
 
     from channels_registry.models import Channel
-    from dashboard.board import board_rows, conditions_for, make_row
-    from dashboard.board_html import row_html, rows_html
+    from dashboard.board.page import board_rows, conditions_for, make_row
+    from dashboard.board.rows import row_html, rows_html
 
     now = timezone.now()
     off = make_broker(name=f"off {HOSTILE}", enabled=False, url_env="")
@@ -181,7 +181,7 @@ def test_rows_are_the_old_partials_rows_byte_for_byte() -> None:
             eta_s=[None, 7200.0][n % 2],
             spark=[[start + t, v] for t, v in spark],
         )
-    rows = board_rows(conditions_for(), now)  # from tuples (``dashboard.board_data``)
+    rows = board_rows(conditions_for(), now)  # from tuples (``dashboard.board.data``)
     assert len(rows) == 2 * len(SPARKS) and any(r.stale for r in rows)
     # The partial renders each row as made from model instances, as the board did.
     channels = Channel.objects.select_related("broker", "health").in_bulk()
@@ -195,10 +195,10 @@ def test_rows_are_the_old_partials_rows_byte_for_byte() -> None:
 
 
 def _pushed(pk: int) -> str:
-    """The row as ``dashboard.live`` renders it for a push."""
-    from dashboard.board import make_row
-    from dashboard.board_data import load_rows
-    from dashboard.board_html import row_html
+    """The row as ``dashboard.board.live`` renders it for a push."""
+    from dashboard.board.data import load_rows
+    from dashboard.board.page import make_row
+    from dashboard.board.rows import row_html
 
     return str(row_html(make_row(load_rows([pk])[pk], timezone.now()), True))
 
@@ -209,7 +209,7 @@ def test_a_row_patch_carries_the_changed_cells_only_escaped() -> None:
     the whole row."""
     import json
 
-    from dashboard.consumers import row_patch
+    from dashboard.board.consumers import row_patch
 
     channel = _hostile_channel()
     first = _pushed(channel.pk)

@@ -65,13 +65,13 @@ def _body(total: int, chunked: bool) -> Iterator[bytes]:
 
 @pytest.fixture
 def daphne_server() -> Iterator[tuple[int, subprocess.Popen[bytes]]]:
-    """The shipped server: daphne serving dashboard.asgi, as the Dockerfile runs it."""
+    """The shipped server: daphne serving config.asgi, as the Dockerfile runs it."""
     port = _free_port()
-    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "dashboard.settings"}
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "config.settings"}
     env.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
     process = subprocess.Popen(
         [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
-         "dashboard.asgi:application"],
+         "config.asgi:application"],
         cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
     try:

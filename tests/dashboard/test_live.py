@@ -25,9 +25,9 @@ from django.core.cache import cache
 
 from channels_registry.actions import do_poll_broker
 from channels_registry.models import BrokerKind
-from dashboard import consumers
-from dashboard.asgi import application
-from dashboard.live import BOARD_GROUP, FRAME_BYTES
+from config.asgi import application
+from dashboard.board import consumers
+from dashboard.board.live import BOARD_GROUP, FRAME_BYTES
 from dashboard.roles import sync_roles
 from tests.conftest import (
     broker_required,
@@ -305,7 +305,7 @@ def test_a_failed_send_is_told_to_the_page_and_logged_once(
             assert await communicator.receive_nothing(timeout=0.3)
             await communicator.wait()
 
-    with caplog.at_level(logging.ERROR, logger="dashboard.consumers"):
+    with caplog.at_level(logging.ERROR, logger="dashboard.board.consumers"):
         run(scenario)
     failed = [r for r in caplog.records if "send failed" in r.getMessage()]
     assert len(failed) == 1, [r.getMessage() for r in caplog.records]
@@ -448,7 +448,7 @@ def test_board_messages_skip_channels_database_hop(monkeypatch: pytest.MonkeyPat
 def test_a_row_is_pushed_only_when_its_html_changed(monkeypatch: pytest.MonkeyPatch) -> None:
     from channels_registry.health import HealthState
     from channels_registry.models import ChannelHealth
-    from dashboard import live
+    from dashboard.board import live
 
     sent: list[dict[str, Any]] = []
 
@@ -476,7 +476,7 @@ def test_a_row_is_not_pushed_for_the_clock_alone(monkeypatch: pytest.MonkeyPatch
     not push the row; the broker's sample time goes once, as ``sampled``."""
     from channels_registry.health import HealthState
     from channels_registry.models import ChannelHealth
-    from dashboard import live
+    from dashboard.board import live
 
     sent: list[dict[str, Any]] = []
 
@@ -543,7 +543,7 @@ def test_a_message_of_an_older_pusher_without_a_batch_id_still_arrives() -> None
 
 
 def _board_row(pk: int, backlog: int) -> str:
-    """A row shaped as ``dashboard.board_html.row_html`` renders it (a name that needed
+    """A row shaped as ``dashboard.board.rows.row_html`` renders it (a name that needed
     escaping)."""
     return (
         f'\n<tr id="ch-{pk}" class="row-ok" hx-swap-oob="true">\n'

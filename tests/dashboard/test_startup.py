@@ -11,15 +11,15 @@ ROOT = Path(__file__).resolve().parents[2]
 
 PROBE = """
 import gc, sys
-import dashboard.asgi
-views = ('dashboard.urls', 'dlq.triage.views', 'audit.views')
+import config.asgi
+views = ('config.urls', 'dlq.triage.views', 'audit.views')
 print(gc.get_freeze_count(), all(m in sys.modules for m in views))
 """
 
 
 def test_loading_the_asgi_app_imports_the_views_and_freezes_the_heap() -> None:
     # A process of its own: freezing the test runner's heap would change every later test.
-    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "dashboard.settings"}
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "config.settings"}
     out = subprocess.run(
         [sys.executable, "-c", PROBE], env=env, cwd=ROOT, capture_output=True, text=True,
         timeout=120, check=True,

@@ -58,7 +58,7 @@ class ProcDb:
             **os.environ,
             "DATABASE_URL": PG.rsplit("/", 1)[0] + "/" + self.name,
             "DATABASE_CONN_MAX_AGE": "0",
-            "DJANGO_SETTINGS_MODULE": "dashboard.settings",
+            "DJANGO_SETTINGS_MODULE": "config.settings",
             "PYTHONUNBUFFERED": "1",
         }
         self.env.pop("DLO_TEST_CRASH_AFTER_COMMIT", None)

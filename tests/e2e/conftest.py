@@ -94,7 +94,7 @@ def asgi_server(transactional_db: Any, channel_layer_redis: None) -> Iterator[st
                 "127.0.0.1",
                 "-p",
                 str(port),
-                "dashboard.asgi:application",
+                "config.asgi:application",
             ],
             env=env,
             stdout=out,

@@ -49,7 +49,7 @@ def fault_database(kind: str, url: str, address: str, queue: str) -> dict[str, A
         "DATABASE_URL": PG.rsplit("/", 1)[0] + "/" + db,
         "DATABASE_CONN_MAX_AGE": "0",
         "DLO_BROKER_FAULT_URL": url,
-        "DJANGO_SETTINGS_MODULE": "dashboard.settings",
+        "DJANGO_SETTINGS_MODULE": "config.settings",
     }
     env.pop("DLO_TEST_CRASH_AFTER_COMMIT", None)
     manage = [sys.executable, str(ROOT / "manage.py")]

@@ -292,7 +292,7 @@ def test_a_large_discard_freezes_in_the_background_and_then_runs(oncall: User) -
 
 @SMALL
 def test_the_scheduler_tick_freezes_plans_without_celery(oncall: User, settings: Any) -> None:
-    from dashboard.periodic import PERIODIC_JOBS
+    from config.periodic import PERIODIC_JOBS
     from dlq.tasks import resume_freezing_plans_task
 
     assert PERIODIC_JOBS["dlq-freeze-plans"][0] == "dlq.tasks.resume_freezing_plans_task"

@@ -134,7 +134,7 @@ def fault(request: pytest.FixtureRequest) -> Iterator[dict[str, Any]]:
         "DATABASE_URL": PG.rsplit("/", 1)[0] + "/" + db,
         "DATABASE_CONN_MAX_AGE": "0",
         "DLO_BROKER_FAULT_URL": target.url,
-        "DJANGO_SETTINGS_MODULE": "dashboard.settings",
+        "DJANGO_SETTINGS_MODULE": "config.settings",
         "DLO_REPLAY_LEASE_S": "1",
         "DLO_FOUR_EYES_THRESHOLD": str(COUNT),  # the plan runs without a second person
     }

@@ -6,16 +6,16 @@ import os
 
 from django.core.asgi import get_asgi_application
 
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "dashboard.settings")
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 django_asgi_app = get_asgi_application()
 
 from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 
+from config.routing import websocket_urlpatterns  # noqa: E402
+from config.startup import settle_heap  # noqa: E402
 from dashboard.body_limit import BodyLimitMiddleware, install_daphne_limit  # noqa: E402
 from dashboard.origin import ExactOriginValidator  # noqa: E402
-from dashboard.routing import websocket_urlpatterns  # noqa: E402
-from dashboard.startup import settle_heap  # noqa: E402
 
 application = ProtocolTypeRouter(
     {

@@ -1,6 +1,6 @@
 """The in-process scheduler used by ``make run`` instead of Celery beat and a worker.
 
-One daemon thread runs every job of ``dashboard.periodic.PERIODIC_JOBS`` at its interval (with a
+One daemon thread runs every job of ``config.periodic.PERIODIC_JOBS`` at its interval (with a
 little jitter), each call bounded by the job itself; a failing job is logged and retried at its
 next tick. Started only when ``DLO_INPROCESS_SCHEDULER`` is set, and only in the serving process
 (not in the autoreloader's parent, not in management commands).
@@ -19,7 +19,7 @@ from typing import Any
 
 from django.conf import settings
 
-from dashboard.periodic import PERIODIC_JOBS
+from config.periodic import PERIODIC_JOBS
 
 log = logging.getLogger(__name__)
 _started = threading.Event()

@@ -14,7 +14,7 @@ from pathlib import Path
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
-from dashboard.periodic import beat_schedule
+from config.periodic import beat_schedule
 from dashboard.proxy import parse_networks
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -97,6 +97,7 @@ INSTALLED_APPS = [
     "dlq",
     "audit",
     "alerts",
+    "config",  # the wiring, last: it starts the in-process scheduler once the apps are ready
 ]
 
 MIDDLEWARE = [
@@ -116,8 +117,8 @@ MIDDLEWARE = [
     "django_htmx.middleware.HtmxMiddleware",
 ]
 
-ROOT_URLCONF = "dashboard.urls"
-ASGI_APPLICATION = "dashboard.asgi.application"
+ROOT_URLCONF = "config.urls"
+ASGI_APPLICATION = "config.asgi.application"
 WSGI_APPLICATION = None
 
 TEMPLATES = [
@@ -301,7 +302,7 @@ DLO_AUDIT_MAC_KEY = env_str(
     "DLO_AUDIT_MAC_KEY", "" if PRODUCTION else str(BASE_DIR / ".audit" / "mac.key")
 )
 # A checkpoint at most this many seconds after the log grew (the window in which a rewrite of
-# the newest events is not yet anchored; docs/audit.md). Read by dashboard/periodic.py too.
+# the newest events is not yet anchored; docs/audit.md). Read by config/periodic.py too.
 DLO_AUDIT_CHECKPOINT_INTERVAL_S = env_int("DLO_AUDIT_CHECKPOINT_INTERVAL_S", 10)
 if DLO_AUDIT_CHECKPOINT_INTERVAL_S < 1:
     raise ImproperlyConfigured("DLO_AUDIT_CHECKPOINT_INTERVAL_S must be at least 1 second.")

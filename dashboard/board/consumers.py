@@ -58,7 +58,7 @@ from channels.consumer import get_handler_name
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 
-from dashboard.live import _SAMPLE_TIME, _SPARK, BOARD_GROUP, FRAME_BYTES
+from dashboard.board.live import _SAMPLE_TIME, _SPARK, BOARD_GROUP, FRAME_BYTES
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +97,7 @@ def folded(payload: str) -> str:
     return f"<!--dlo {payload}-->"
 
 
-#: Where ``dashboard.board_html.row_html`` starts a cell. Escaped text never holds ``<``, so
+#: Where ``dashboard.board.rows.row_html`` starts a cell. Escaped text never holds ``<``, so
 #: the split is exact: the head (``<tr …>``), then one part per cell.
 _CELL = "\n<td"
 #: The state cell: patched only when its state and flags are as before (what the page's
@@ -107,7 +107,7 @@ _EVIDENCE = '<div class="evidence sub">'
 
 
 def _meaning(part: str) -> str:
-    """A cell as ``dashboard.live.row_digest`` compares it (no clock-only changes)."""
+    """A cell as ``dashboard.board.live.row_digest`` compares it (no clock-only changes)."""
     return _SPARK.sub(r"<svg \1>", _SAMPLE_TIME.sub("", part))
 
 
@@ -292,7 +292,7 @@ class BoardMirror:
         due: list[_Version], cursor: int, team: str, broker: str, patched: Any
     ) -> tuple[list[Frame], int]:
         """``due`` packed into frames of at most ``FRAME_BYTES`` (a row is ASCII,
-        ``dashboard.live``, so its length is its size), each with the cursor after it. A row
+        ``dashboard.board.live``, so its length is its size), each with the cursor after it. A row
         for which ``patched`` holds goes as its patch; a broker's sample time after rows rides
         in their frame (``folded``); any other notice is a frame of its own."""
         frames: list[Frame] = []

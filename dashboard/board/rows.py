@@ -1,5 +1,5 @@
 """One health-board row as HTML: the page, its slices (htmx) and the websocket push
-(``dashboard.live``) all render rows here, so a pushed row is the very row the page shows.
+(``dashboard.board.live``) all render rows here, so a pushed row is the very row the page shows.
 
 Written in Python rather than as a template partial on purpose: the board renders 100 rows per
 first screen (and every row of ``?all=1``), and Django's template engine spent ~1 ms per row
@@ -25,7 +25,7 @@ from dashboard.html import ChannelLinks, escape
 from dlq.text.render import visible
 
 if TYPE_CHECKING:
-    from dashboard.board_data import BoardRow
+    from dashboard.board.data import BoardRow
 
 _DASH = "—"
 

@@ -6,7 +6,7 @@ from typing import Any
 
 from django.urls import path
 
-from dashboard.consumers import BoardConsumer
+from dashboard.board.consumers import BoardConsumer
 
 websocket_urlpatterns: list[Any] = [
     path("ws/board/", BoardConsumer.as_asgi()),

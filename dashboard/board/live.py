@@ -13,7 +13,7 @@
    "last sample" of that broker's rows, which are therefore not pushed again just for it.
 4. The rows go in ``group_send`` messages of at most ``LAYER_MESSAGE_BYTES`` each; each
    consumer keeps what its user may see, coalesces and packs frames of at most
-   ``FRAME_BYTES`` (``dashboard.consumers``). A row larger than a frame (never seen: rows are
+   ``FRAME_BYTES`` (``dashboard.board.consumers``). A row larger than a frame (never seen: rows are
    ~1 KB) goes as a notice telling the page to reload its rows, never as an oversized frame.
 """
 
@@ -33,9 +33,9 @@ from channels.layers import get_channel_layer
 from django.core.cache import cache
 from django.utils import timezone
 
-from dashboard.board import make_row
-from dashboard.board_data import load_rows
-from dashboard.board_html import row_html
+from dashboard.board.data import load_rows
+from dashboard.board.page import make_row
+from dashboard.board.rows import row_html
 from dashboard.html import ChannelLinks
 
 log = logging.getLogger(__name__)
@@ -59,7 +59,7 @@ def row_digest(html: str) -> str:
 
 
 def _reload_notice(reason: str) -> str:
-    """The notice the consumer sends alone in a frame (``dashboard.consumers.notice``)."""
+    """The notice the consumer sends alone in a frame (``dashboard.board.consumers.notice``)."""
     return json.dumps({"reload": {"reason": reason}}, separators=(",", ":"))
 
 

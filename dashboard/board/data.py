@@ -4,9 +4,9 @@ The board shows 100 rows per first screen (every row with ``?all=1``), and build
 a broker and a health instance for each cost twice the query itself (~4 ms of Python per 100
 rows on the bench machine, docs/performance.md "Board and groups, round 5"): one model
 instance walks every concrete field of its model (~60 for a channel) even when only five are
-loaded. ``make_row`` and ``dashboard.board_html`` read these tuples and model instances alike
+loaded. ``make_row`` and ``dashboard.board.rows`` read these tuples and model instances alike
 (the channel page passes its ``Channel``). ``BoardRow``, the row both build, lives here too,
-below ``dashboard.board`` and ``dashboard.board_html``, so neither imports the other for it.
+below ``dashboard.board.page`` and ``dashboard.board.rows``, so neither imports the other for it.
 """
 
 from __future__ import annotations

@@ -7,8 +7,9 @@ from django.urls import include, path, re_path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 
 from alerts import views as alert_views
-from dashboard import board, views
+from dashboard import views
 from dashboard.api import api_not_found
+from dashboard.board import page as board
 
 admin.site.site_header = "Dead Letter Office — registry"
 admin.site.site_title = "Dead Letter Office"

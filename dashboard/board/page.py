@@ -1,8 +1,8 @@
 """The health board (``/``): one row per channel, worst first, filtered by team/broker/state.
 
 ``board_rows`` builds the rows with one query (channels joined with their health and broker,
-as tuples: ``dashboard.board_data``); the page and the websocket push (``dashboard.live``)
-render each row with ``dashboard.board_html``.
+as tuples: ``dashboard.board.data``); the page and the websocket push (``dashboard.board.live``)
+render each row with ``dashboard.board.rows``.
 
 Nothing here grows with the whole table: the order (worst first) is the *stored* severity of
 each health row (``ChannelHealth.severity``, written when health is evaluated), raised to STALE
@@ -34,8 +34,8 @@ from channels_registry.access import channels_for_user
 from channels_registry.health import SEVERITY, DlqFlag, HealthState, fmt_duration
 from channels_registry.models import Broker, Channel, ChannelHealth
 from channels_registry.polling import SPARK_MINUTES
-from dashboard.board_data import BoardRow, RowChannel, RowHealth, load_rows
-from dashboard.board_html import rows_html
+from dashboard.board.data import BoardRow, RowChannel, RowHealth, load_rows
+from dashboard.board.rows import rows_html
 from dashboard.http import HtmxHttpRequest
 
 STATE_FILTERS = [*HealthState.choices, *DlqFlag.choices]
