@@ -86,6 +86,10 @@ def _locked_head(wait: bool) -> AuditHead | None:
     if AuditHead.objects.filter(pk=1).exists():
         return None  # another sealer holds it
     if AuditEvent.objects.filter(seq__isnull=False).exists():
+        # A first writer may have created the head and sealed (one transaction) between the
+        # reads above: its sealed events are visible now, so its head is too, unless it is gone.
+        if AuditHead.objects.filter(pk=1).exists():
+            return AuditHead.objects.select_for_update(skip_locked=not wait).filter(pk=1).first()
         raise HeadMissing(
             "the audit head row is missing while sealed events exist: new events stay "
             "unsealed until it is restored (run `manage.py audit verify`)"
