@@ -10,10 +10,16 @@ from django.contrib import admin
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
-from alerts.actions import do_delete_destination, do_save_destination
+from alerts.actions import (
+    do_delete_destination,
+    do_record_rule_overrides,
+    do_save_destination,
+    override_snapshot,
+)
 from alerts.models import Destination, RuleKey, RuleOverride
 from alerts.rule_keys import NOT_CHANNEL_RULES
 from audit.actions import Actor
+from channels_registry.admin import ChannelAdminPart, add_channel_admin_part
 
 
 class DestinationForm(forms.ModelForm):
@@ -94,3 +100,15 @@ class RuleOverrideInline(admin.TabularInline):
     verbose_name_plural = (
         "Alert rule overrides (P10) — every channel gets the default rules; change one here"
     )
+
+
+# The channel admin (the registry's) shows and saves these overrides through this part.
+add_channel_admin_part(
+    ChannelAdminPart(
+        inline=RuleOverrideInline,
+        before_save=override_snapshot,
+        after_save=lambda channel, actor, before: do_record_rule_overrides(
+            channel, actor=actor, before=before
+        ),
+    )
+)

@@ -29,6 +29,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from alerts.rule_keys import THRESHOLD_RULES, WINDOW_RULES, RuleKey, Severity
+from channels_registry.checks import AlertCoverage
 from channels_registry.health import DEFAULT_DLQ_AGE_S, HealthState, fmt_duration, fmt_int
 
 DEFAULT_WINDOW_S = 300
@@ -447,3 +448,22 @@ def inhibited(
         if any(rule in INHIBITS.get(src, set()) for src in sources if src != rule):
             muted.add(item)
     return muted
+
+
+def alert_coverage(channel: Any) -> AlertCoverage:
+    """The dead-letter rules ``channel`` really gets, its admin overrides applied: what the
+    registry's declaration checks read (registered by ``AlertsConfig.ready``)."""
+    overrides = {}
+    if channel.pk is not None:
+        overrides = {
+            o.rule: Override(o.enabled, o.for_s, o.threshold, o.window_s)
+            for o in channel.alert_overrides.all()
+        }
+    enabled = enabled_rules(channel, overrides)
+    return AlertCoverage(
+        dlq_depth=RuleKey.DLQ_DEPTH in enabled,
+        dlq_inflow=RuleKey.DLQ_INFLOW in enabled,
+        poison_depth=RuleKey.POISON_DEPTH in enabled,
+        poison_inflow=RuleKey.POISON_INFLOW in enabled,
+        inflow_by_default=inflow_default_enabled(channel),
+    )

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 from django import forms
@@ -12,8 +14,6 @@ from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
-from alerts.actions import do_record_rule_overrides, override_snapshot
-from alerts.admin import RuleOverrideInline
 from audit.actions import Actor
 from channels_registry.actions import (
     do_delete_broker,
@@ -28,6 +28,26 @@ from channels_registry.models import Broker, Channel, MessageSchema
 from channels_registry.principles import SEED_DEFAULTS, describe, seed_initial
 from dashboard.admin_text import VisibleTextAdmin
 from dashboard.text import visible
+
+
+@dataclasses.dataclass(frozen=True)
+class ChannelAdminPart:
+    """What an app above the registry adds to the channel admin (alerts: the rule overrides):
+    an inline, a snapshot taken before the inlines are saved, and what to do after (audit,
+    re-check). Registered from that app's admin module, so the registry imports no app above
+    it."""
+
+    inline: type[admin.options.InlineModelAdmin[Any, Any]]
+    before_save: Callable[[Channel], Any]
+    after_save: Callable[[Channel, Actor, Any], object]
+
+
+_parts: list[ChannelAdminPart] = []
+
+
+def add_channel_admin_part(part: ChannelAdminPart) -> None:
+    if part not in _parts:
+        _parts.append(part)
 
 
 def render_findings(findings: list[dict[str, Any]]) -> SafeString:
@@ -117,7 +137,7 @@ class ChannelAdmin(VisibleTextAdmin):
     search_fields = ["name", "slug", "address", "owner_team"]
     prepopulated_fields = {"slug": ["name"]}
     readonly_fields = ["declaration_findings", "observed_findings"]
-    inlines = [RuleOverrideInline]
+    # The inlines come from the parts other apps register (``add_channel_admin_part``).
     fieldsets = [
         ("Findings", {"fields": ["declaration_findings", "observed_findings"]}),
         (
@@ -267,13 +287,19 @@ class ChannelAdmin(VisibleTextAdmin):
                 + "; ".join(f"{f['principle']} {f['message']}" for f in errors[:3]),
             )
 
+    def get_inlines(self, request: HttpRequest, obj: Channel | None) -> list[Any]:
+        return [part.inline for part in _parts]
+
     def save_related(self, request: HttpRequest, form: Any, formsets: Any, change: bool) -> None:
-        # The alert rule overrides (inline) are saved after the channel: rerun the checks
-        # (a disabled DLQ alert is a finding) and audit the change.
+        # The registered parts' inlines (the alert rule overrides) are saved after the channel;
+        # each part then does its own after-save (alerts: rerun the checks, since a disabled
+        # DLQ alert is a finding, and audit the change).
         channel = form.instance
-        before = override_snapshot(channel) if change else {}
+        before = [part.before_save(channel) if change else {} for part in _parts]
         super().save_related(request, form, formsets, change)
-        do_record_rule_overrides(channel, actor=Actor.from_request(request), before=before)
+        actor = Actor.from_request(request)
+        for part, snapshot in zip(_parts, before, strict=True):
+            part.after_save(channel, actor, snapshot)
 
     def delete_model(self, request: HttpRequest, obj: Channel) -> None:
         do_delete_channel(obj, actor=Actor.from_request(request))

@@ -331,13 +331,9 @@ def dlq_has_depth_alert(channel: Channel) -> Iterator[Finding]:
             "The DLQ has no depth alert: dead letters pile up silently.",
             "Set a DLQ depth alert threshold (0 alerts on the first dead letter).",
         )
-    elif channel.has_dlq:
+    elif channel.has_dlq and (alerts := _alert_coverage(channel)) is not None:
         # The alert rules the channel really gets, with the admin's overrides applied.
-        from alerts.models import RuleKey
-        from alerts.rules import enabled_rules, inflow_default_enabled
-
-        enabled = _alert_rules(channel, enabled_rules)
-        if RuleKey.DLQ_DEPTH not in enabled and RuleKey.DLQ_INFLOW not in enabled:
+        if not alerts.dlq_depth and not alerts.dlq_inflow:
             yield Finding(
                 "dlq-no-alert",
                 ERROR,
@@ -346,13 +342,13 @@ def dlq_has_depth_alert(channel: Channel) -> Iterator[Finding]:
                 "up silently.",
                 "Re-enable the DLQ depth alert rule in the channel's alert rule overrides.",
             )
-        elif RuleKey.DLQ_DEPTH not in enabled:
+        elif not alerts.dlq_depth:
             yield Finding(
                 "dlq-depth-alert-disabled",
                 WARNING,
                 "P10",
                 "The DLQ depth alert rule is disabled; only new dead letters alert"
-                + ("" if inflow_default_enabled(channel) else " (inflow enabled by override)")
+                + ("" if alerts.inflow_by_default else " (inflow enabled by override)")
                 + ", not ones left untriaged.",
                 "Re-enable the DLQ depth alert rule in the channel's alert rule overrides.",
             )
@@ -390,12 +386,8 @@ def poison_routed(channel: Channel) -> Iterator[Finding]:
             + " are retried until the budget runs out.",
             "Declare a poison address and route parse/schema failures there at once.",
         )
-    if channel.poison_address:
-        from alerts.models import RuleKey
-        from alerts.rules import enabled_rules
-
-        enabled = _alert_rules(channel, enabled_rules)
-        if RuleKey.POISON_INFLOW not in enabled and RuleKey.POISON_DEPTH not in enabled:
+    if channel.poison_address and (alerts := _alert_coverage(channel)) is not None:
+        if not alerts.poison_inflow and not alerts.poison_depth:
             yield Finding(
                 "poison-no-alert",
                 ERROR,
@@ -404,7 +396,7 @@ def poison_routed(channel: Channel) -> Iterator[Finding]:
                 "messages pile up silently.",
                 "Re-enable the poison inflow alert rule in the channel's alert rule overrides.",
             )
-        elif RuleKey.POISON_INFLOW not in enabled:
+        elif not alerts.poison_inflow:
             yield Finding(
                 "poison-inflow-disabled",
                 WARNING,
@@ -591,16 +583,31 @@ def bounded_in_flight(channel: Channel) -> Iterator[Finding]:
         )
 
 
-def _alert_rules(channel: Channel, enabled_rules: Callable[..., set[str]]) -> set[str]:
-    from alerts.rules import Override
+@dataclasses.dataclass(frozen=True)
+class AlertCoverage:
+    """Which dead-letter alert rules a channel really gets (its overrides applied)."""
 
-    overrides = {}
-    if channel.pk is not None:
-        overrides = {
-            o.rule: Override(o.enabled, o.for_s, o.threshold, o.window_s)
-            for o in channel.alert_overrides.all()
-        }
-    return enabled_rules(channel, overrides)
+    dlq_depth: bool
+    dlq_inflow: bool
+    poison_depth: bool
+    poison_inflow: bool
+    #: DLQ inflow is on by default for this channel (not only by an override).
+    inflow_by_default: bool
+
+
+#: Registered by the alerts app (``AlertsConfig.ready``), the layer above: the registry's
+#: checks read the alert rules through it and never import alerts.
+_coverage: Callable[[Channel], AlertCoverage] | None = None
+
+
+def register_alert_coverage(coverage: Callable[[Channel], AlertCoverage] | None) -> None:
+    global _coverage
+    _coverage = coverage
+
+
+def _alert_coverage(channel: Channel) -> AlertCoverage | None:
+    """None without the alerts app: no alert finding is claimed either way."""
+    return _coverage(channel) if _coverage is not None else None
 
 
 def check_channel(channel: Channel) -> list[Finding]:
