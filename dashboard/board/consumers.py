@@ -6,6 +6,13 @@ otherwise (4401 anonymous, 4403 without the viewer permission).
 
 Delivery at incident scale (issue 29), when every row changes at once:
 
+0. One member of the board's group per server process (``Fanout``), not one per page: it
+   receives each push once from the channel layer, applies it to the mirror once and flushes
+   every page of the process in turn. A page's socket has no channel on the layer of its own,
+   so a push to a thousand pages is one layer message and one wake-up, not a thousand (and a
+   thousand pages opening at once make one ``group_add``, not a thousand). If the layer fails,
+   every page of the process is told live updates stopped (step 5); the next page to connect
+   joins the group again.
 1. Every pushed row goes into the process's ``BoardMirror``: the latest HTML of each row, in
    push order, each version numbered. One mirror per server process, shared by its clients, so
    a thousand clients cost one copy of the rows, not a thousand queues.
@@ -24,17 +31,21 @@ Delivery at incident scale (issue 29), when every row changes at once:
    (``<!--dlo {"sampled": …}-->``, inert to htmx; ``static/dlo/board.js`` reads it), so a
    poll costs each in-sync client one message and one acknowledgement, not two of each; a
    sample time with no rows before it is a JSON notice of its own.
-4. A row whose ``<tr>``, channel cell, state and DLQ flags are as the client last had them
+4. A row whose ``<tr>``, channel cell, state and DLQ flags are as in its previous version
    goes as a patch: the cells whose meaning changed (the state's evidence line, numbers,
    sparkline, drain ETA, sample), each cell's inner HTML as the server rendered and escaped
-   it, in an inert comment ``<!--dlo {"patch": [id, {cell: html}]}-->`` (``row_patch``;
-   ``static/dlo/board.js`` sets those cells), ~70 bytes for a row of ~1 KB. Only for a client
-   known to hold the version the patch starts from: one sent over this socket (not a row its
-   page loaded over HTTP before it connected, nor before a reload) and still the row's latest
-   when the client's last frames were built (``PatchView``), and only to a page that said it
-   applies patches (``?patch=1``). Any other client gets the whole row. A change of state,
-   flags, name or team (what the page's attention and announcement rules read) always goes
-   as a whole row.
+   it, with the versions it goes from and to (``dashboard.board.versions``), in an inert
+   comment ``<!--dlo {"patch": [id, {cell: html}, from, to]}-->``, ~95 bytes for a row of
+   ~1 KB. The pusher computes it once per poll and sends it with the row (this mirror
+   computes it only for a pusher of an older release). Every row the page holds, over HTTP
+   or this socket, carries its version (``data-v``); the page applies a patch only to its
+   starting version and asks for the rows it could not (``rows N,M,…``: sent whole, from this
+   mirror, before anything else due). So a page gets patches from its first poll, whichever
+   process rendered its rows. The server still sends the whole row to a client that fell
+   behind while the version the patch starts from came and went (``PatchView``: it would
+   only ask for it), and to a page that did not say it checks versions (``?patch=2``; an
+   older release's page, ``?patch=1``, gets whole rows). A change of state, flags, name or
+   team (what the page's attention and announcement rules read) always goes whole.
 5. A send that fails is logged once for all the clients it hit (with their number); each is
    told when possible (a ``stopped`` notice, then the socket closes) and the page says "live
    updates stopped" and reloads its rows. A client whose cursor fell behind what the mirror
@@ -46,6 +57,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import collections
+import contextlib
 import json
 import logging
 import uuid
@@ -57,8 +69,10 @@ from urllib.parse import parse_qs
 from channels.consumer import get_handler_name
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
+from channels.layers import get_channel_layer
 
-from dashboard.board.live import _SAMPLE_TIME, _SPARK, BOARD_GROUP, FRAME_BYTES
+from dashboard.board.live import BOARD_GROUP, FRAME_BYTES
+from dashboard.board.versions import row_patch
 
 log = logging.getLogger(__name__)
 
@@ -73,13 +87,20 @@ WINDOW_BYTES = 4 * FRAME_BYTES
 EXTRA_WINDOW_BYTES = 32 * 1024 * 1024
 #: Acknowledgements the page may batch into one ``ack N`` (a bound on what one message acks).
 ACK_MAX = 10_000
-#: Group membership calls in flight per process: a thousand pages closing together must not
-#: exhaust the Redis connection pool (redis-py's default is 100 connections).
-LAYER_CALLS = 32
+#: The process's group membership is renewed this often (channels_redis drops a member after
+#: its ``group_expiry``, a day by default, however busy it is).
+GROUP_REFRESH_S = 3600.0
 #: Row versions the mirror keeps (one per row: the channels on the board, plus brokers).
 MIRROR_MAX_ROWS = 50_000
 #: Frames built for one (cursor, filters) are shared by the clients at that cursor.
 FRAME_MEMO_SIZE = 256
+#: The patch protocol a page names in its socket URL (``?patch=2``): it checks each patch's
+#: starting version and asks for whole rows (``rows N,…``) where its row differs.
+PATCH_PROTOCOL = "2"
+#: Rows one ``rows`` request may name, and rows a client may be owed at once (beyond, the
+#: page is told to reload its rows over HTTP).
+ROWS_ASKED_MAX = 2000
+OWED_MAX = 20_000
 #: Failed sends within this many seconds are logged as one line.
 FAILURE_LOG_WINDOW_S = 1.0
 #: Close code after a failed send (4000-4999: the application's own).
@@ -97,68 +118,23 @@ def folded(payload: str) -> str:
     return f"<!--dlo {payload}-->"
 
 
-#: Where ``dashboard.board.rows.row_html`` starts a cell. Escaped text never holds ``<``, so
-#: the split is exact: the head (``<tr …>``), then one part per cell.
-_CELL = "\n<td"
-#: The state cell: patched only when its state and flags are as before (what the page's
-#: attention and announcement rules read), i.e. when only its evidence line changed.
-_STATE = 1
-_EVIDENCE = '<div class="evidence sub">'
-
-
-def _meaning(part: str) -> str:
-    """A cell as ``dashboard.board.live.row_digest`` compares it (no clock-only changes)."""
-    return _SPARK.sub(r"<svg \1>", _SAMPLE_TIME.sub("", part))
-
-
-def _inner(part: str) -> tuple[str, str]:
-    """A cell's attributes and inner HTML (the part after ``\n<td``; the last holds ``</tr>``)."""
-    head_end = part.index(">")
-    return part[:head_end], part[head_end + 1 : part.rindex("</td>")]
-
-
-def row_patch(pk: int, old: str, new: str) -> str | None:
-    """The folded patch from row HTML ``old`` to ``new``: the inner HTML of each cell whose
-    meaning changed, or None when the row must go whole: its ``<tr>`` or channel cell changed
-    (the name, link, broker, team), its state or DLQ flags changed (only the state cell's
-    evidence may be patched), or it is not a ``row_html`` row. Cell HTML is the server's,
-    escaped as in a whole row; ``<`` and ``>`` are JSON escapes, so the comment cannot close
-    early."""
-    before, after = old.split(_CELL), new.split(_CELL)
-    if len(before) != len(after) or len(after) <= _STATE + 2 or before[:2] != after[:2]:
-        return None
-    state = _STATE + 1
-    if before[state].split(_EVIDENCE, 1)[0] != after[state].split(_EVIDENCE, 1)[0]:
-        return None
-    cells: dict[str, str] = {}
-    for i in range(state, len(after)):
-        if before[i] == after[i] or _meaning(before[i]) == _meaning(after[i]):
-            continue
-        try:
-            (attrs_old, _), (attrs_new, inner) = _inner(before[i]), _inner(after[i])
-        except ValueError:
-            return None
-        if attrs_old != attrs_new:
-            return None
-        cells[str(i - 1)] = inner
-    body = json.dumps({"patch": [pk, cells]}, separators=(",", ":"))
-    return folded(body.replace("<", "\\u003c").replace(">", "\\u003e"))
-
-
 class PatchView:
-    """What a client holds, for patches: versions up to ``joined`` it never got over the socket
-    (its page loaded them over HTTP); its last frames were built when the mirror was at
-    ``basis``, starting from cursor ``origin[0]`` (``origin[1:]``: that build's basis, variant)."""
+    """What a client holds, for patches: its last frames were built when the mirror was at
+    ``basis``, starting from cursor ``origin[0]`` (``origin[1:]``: that build's basis,
+    variant). ``joined``: versions up to it may not be on the page. The page checks each
+    patch's starting version (``data-v``) and asks for the whole row when it differs, so a
+    row it loaded over HTTP, or from another server process, may be patched too: -1."""
 
     __slots__ = ("basis", "joined", "origin")
 
     def __init__(self, seq: int) -> None:
-        self.joined = self.basis = seq
+        self.basis = seq
+        self.joined = -1
         self.origin: tuple[int, int, int] | None = None
 
     def rejoin(self, seq: int) -> None:
-        """The page reloads its rows over HTTP: nothing before ``seq`` is known to it."""
-        self.joined = self.basis = seq
+        """The page reloads its rows over HTTP."""
+        self.basis = seq
         self.origin = None
 
 
@@ -211,24 +187,35 @@ class BoardMirror:
         if len(self._batches) > 1024:
             self._batches.popitem(last=False)
         for row in rows:
-            self._put(int(row["id"]), row["team"], row["broker"], row["html"])
+            self._put(int(row["id"]), row["team"], row["broker"], row["html"], row.get("patch"))
         if sampled:
             payload = notice("sampled", broker=sampled["broker_id"], at=sampled["at"])
             key = ("sampled", int(sampled["broker_id"]))
-            self._put(key, None, sampled["broker"], payload, foldable=True)
+            self._put(key, None, sampled["broker"], payload, None, foldable=True)
         while len(self.rows) > self.max_rows:
             _, oldest = self.rows.popitem(last=False)
             self.floor = oldest.seq
 
     def _put(
-        self, key: Key, team: str | None, broker: str, payload: str, foldable: bool = False
+        self,
+        key: Key,
+        team: str | None,
+        broker: str,
+        payload: str,
+        patch: str | None,
+        foldable: bool = False,
     ) -> None:
+        """A new version of ``key``; ``patch``: the pusher's, from the version it last pushed
+        (a pusher of an older release sends none: the patch from this mirror's version)."""
         self.seq += 1
         version = _Version(self.seq, team, broker, payload, foldable)
         before = self.rows.get(key)
-        if before is not None and before.is_row and version.is_row and isinstance(key, int):
-            version.patch = row_patch(key, before.payload, payload)
-            version.base = before.seq
+        if version.is_row and isinstance(key, int):
+            if before is not None and before.is_row:
+                version.base = before.seq
+                version.patch = patch or row_patch(key, before.payload, payload)
+            else:  # not in this mirror yet: a page holding the version gets the patch
+                version.patch = patch
         self.rows[key] = version
         self.rows.move_to_end(key)
 
@@ -375,22 +362,119 @@ class _ExtraWindow:
 
 
 EXTRA = _ExtraWindow()
-_gates: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = (
-    weakref.WeakKeyDictionary()
-)
 
 
-def _layer_gate() -> asyncio.Semaphore:
-    """The process's bound on group membership calls (one semaphore per event loop)."""
+class Fanout:
+    """The process's one member of the board group (see the module, step 0): started by the
+    first page to connect, stopped when the last one leaves. One per event loop (a server has
+    one; tests run a loop each)."""
+
+    def __init__(self, mirror: BoardMirror) -> None:
+        self.mirror = mirror
+        #: The pages to flush, in the order they connected (a dict as an ordered set).
+        self.clients: dict[BoardConsumer, None] = {}
+        self.lock = asyncio.Lock()
+        self.layer: Any = None
+        self.channel = ""
+        self.task: asyncio.Task[None] | None = None
+
+    async def join(self, client: BoardConsumer) -> None:
+        """Count ``client`` among the pages, and be in the group before it is accepted (a push
+        after that must reach it; it is flushed once it is ready)."""
+        async with self.lock:
+            self.clients[client] = None
+            if self.task is not None and not self.task.done():
+                return
+            try:
+                layer = get_channel_layer()
+                channel = await layer.new_channel()
+                await layer.group_add(BOARD_GROUP, channel)
+            except BaseException:
+                self.clients.pop(client, None)
+                raise
+            self.layer, self.channel = layer, channel
+            self.task = asyncio.ensure_future(self._run())
+
+    def discard(self, client: BoardConsumer) -> None:
+        self.clients.pop(client, None)
+
+    async def leave(self, client: BoardConsumer) -> None:
+        """A page has gone; with the last one, the process leaves the group."""
+        self.discard(client)
+        async with self.lock:
+            if self.clients or self.task is None:
+                return
+            task, self.task = self.task, None
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            try:
+                await self.layer.group_discard(BOARD_GROUP, self.channel)
+            except Exception:  # the layer expires a member it could not drop (group_expiry)
+                log.warning("live board: leaving the group failed", exc_info=True)
+
+    async def _run(self) -> None:
+        """Receive each push once and flush every page; renew the membership hourly. A layer
+        that fails ends the loop: its pages are told (step 5) and the next page rejoins."""
+        pending: asyncio.Future[Any] | None = None
+        try:
+            while True:
+                if pending is None:
+                    pending = asyncio.ensure_future(self.layer.receive(self.channel))
+                done, _ = await asyncio.wait({pending}, timeout=GROUP_REFRESH_S)
+                if not done:
+                    await self.layer.group_add(BOARD_GROUP, self.channel)
+                    continue
+                message, pending = pending.result(), None
+                if message.get("type") == "board.rows":
+                    await self.deliver(message)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            clients = list(self.clients)
+            log.error(
+                "live board: the channel layer failed; %d client(s) were told live updates "
+                "stopped and reload their rows. %s",
+                len(clients),
+                f"{type(exc).__name__}: {exc}"[:300],
+            )
+            for client in clients:
+                await client.stop_quietly()
+        finally:
+            if pending is not None:
+                pending.cancel()
+
+    async def deliver(self, message: dict[str, Any]) -> None:
+        """A push: into the mirror once, then every page flushed (a page's own failure is its
+        own: ``BoardConsumer._send`` stops that page alone)."""
+        # A pusher of an older release names no batch: the message is this process's own.
+        self.mirror.apply(
+            message.get("batch") or uuid.uuid4().hex, message["rows"], message.get("sampled")
+        )
+        for client in list(self.clients):
+            try:
+                await client.flush()
+            except Exception as exc:  # that page's, not the others': it is told and closed
+                await client._stop(exc)
+
+
+_fanouts: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Fanout] = weakref.WeakKeyDictionary()
+
+
+def fanout(mirror: BoardMirror) -> Fanout:
+    """This event loop's ``Fanout``."""
     loop = asyncio.get_running_loop()
-    gate = _gates.get(loop)
-    if gate is None:
-        gate = _gates[loop] = asyncio.Semaphore(LAYER_CALLS)
-    return gate
+    found = _fanouts.get(loop)
+    if found is None:
+        found = _fanouts[loop] = Fanout(mirror)
+    return found
 
 
 class BoardConsumer(AsyncWebsocketConsumer):
     mirror = MIRROR
+    #: No channel on the layer of its own: the process's ``Fanout`` is the group's member and
+    #: flushes this page (channels gives a consumer no layer when its alias names none).
+    channel_layer_alias = None
 
     async def dispatch(self, message: dict[str, Any]) -> None:
         """As channels' own, without its database hop before every message: channels 4.2+
@@ -414,41 +498,95 @@ class BoardConsumer(AsyncWebsocketConsumer):
             return
         query = parse_qs(self.scope.get("query_string", b"").decode("latin-1"))
         self.filters = {k: query.get(k, [""])[0] for k in ("team", "broker")}
-        self.cursor = self.mirror.seq
-        # Patches only to a page that applies them (``?patch=1``, ``templates/dashboard/
-        # board.html``): a page of an older release reconnecting after a deploy gets whole rows.
-        self.view = PatchView(self.cursor) if query.get("patch") == ["1"] else None
         self.in_flight: collections.deque[int] = collections.deque()
         self.in_flight_bytes = 0
         self.extra = 0  # this client's share of EXTRA (its bytes in flight past one frame)
         self.stopped = False
-        async with _layer_gate():
-            await self.channel_layer.group_add(BOARD_GROUP, self.channel_name)
-        await self.accept()
+        self.flushing = asyncio.Lock()
+        #: Rows the page asked for whole (its version differed from a patch's start).
+        self.owed: dict[int, None] = {}
+        self.ready = False  # flushed by the process's fan-out only once accepted
+        # From here on every push reaches this page: its rows came over HTTP before.
+        self.cursor = self.mirror.seq
+        # Patches only to a page that checks their versions (``?patch=2``, ``templates/
+        # dashboard/board.html``): a page of an older release (``?patch=1``, which applied a
+        # patch without checking) reconnecting after a deploy gets whole rows.
+        self.view = PatchView(self.cursor) if query.get("patch") == [PATCH_PROTOCOL] else None
+        self.fanout = fanout(self.mirror)
+        await self.fanout.join(self)
+        try:
+            await self.accept()
+        except BaseException:
+            await self.fanout.leave(self)
+            raise
+        self.ready = True
+        await self.flush()  # what was pushed while it was being accepted
 
     async def disconnect(self, code: int) -> None:
-        if not hasattr(self, "cursor"):
+        if not hasattr(self, "fanout"):
             return
         self.in_flight.clear()
         self._account(0)
-        try:
-            async with _layer_gate():
-                await self.channel_layer.group_discard(BOARD_GROUP, self.channel_name)
-        except Exception:  # the layer expires a member it could not drop (group_expiry)
-            log.warning("live board: leaving the group failed", exc_info=True)
+        await self.fanout.leave(self)
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
-        """The page says only ``ack N``: it has handled N more messages (``ack``: one); the
-        window reopens by their bytes. Anything else is ignored."""
-        if not text_data or not getattr(self, "in_flight", None):
+        """The page says ``ack N``: it has handled N more messages (``ack``: one); the window
+        reopens by their bytes. Or ``rows N,M,…``: send these rows whole (a patch started from
+        a version its row is not). Anything else is ignored."""
+        if not text_data or not getattr(self, "ready", False):
             return
         word, _, count = text_data.partition(" ")
+        if word == "rows" and self.view is not None:
+            await self._asked(count)
+            return
+        if not self.in_flight:
+            return
         if word != "ack" or (count and not (count.isdigit() and len(count) <= 5)):
             return
         for _ in range(min(int(count or 1), ACK_MAX, len(self.in_flight))):
             self.in_flight_bytes -= self.in_flight.popleft()
         self._account(self.in_flight_bytes)
         await self.flush()
+
+    async def _asked(self, ids: str) -> None:
+        """Owe the page these rows whole; too many owed, and its rows come over HTTP."""
+        for part in ids.split(",", ROWS_ASKED_MAX)[:ROWS_ASKED_MAX]:
+            if part.isdigit() and len(part) <= 12:
+                self.owed[int(part)] = None
+        if len(self.owed) > OWED_MAX:
+            self.owed.clear()
+            self.cursor = self.mirror.seq
+            if self.view is not None:
+                self.view.rejoin(self.cursor)
+            await self._send(notice("reload", reason="too many rows asked for"))
+            return
+        await self.flush()
+
+    def _owed_frames(self) -> list[tuple[str, list[int]]]:
+        """The rows owed, whole as this process last had them, in frames of at most
+        ``FRAME_BYTES``, each with the ids it carries. A row this client may not see, or that
+        this process does not hold, is dropped from what is owed (none of its versions came
+        from here: the page's row is from HTTP or another process, and a reload fixes it)."""
+        frames: list[tuple[str, list[int]]] = []
+        parts: list[str] = []
+        ids: list[int] = []
+        size = 0
+        team, broker = self.filters["team"], self.filters["broker"]
+        for pk in list(self.owed):
+            version = self.mirror.rows.get(pk)
+            if version is None or not version.is_row or not version.shown(team, broker):
+                del self.owed[pk]
+                continue
+            n = len(version.payload)
+            if parts and size + n > FRAME_BYTES:
+                frames.append(("".join(parts), ids))
+                parts, ids, size = [], [], 0
+            parts.append(version.payload)
+            ids.append(pk)
+            size += n
+        if parts:
+            frames.append(("".join(parts), ids))
+        return frames
 
     def _account(self, in_flight: int) -> None:
         """Record ``in_flight`` bytes as this client's: its share of EXTRA follows."""
@@ -468,19 +606,28 @@ class BoardConsumer(AsyncWebsocketConsumer):
             return False
         return EXTRA.used + (total - base) - self.extra <= EXTRA_WINDOW_BYTES
 
-    async def board_rows(self, event: dict[str, Any]) -> None:
-        # A pusher of an older release names no batch: name it on the message, which the
-        # process's clients share (a copy each, at worst: the rows are then put twice).
-        batch = event.setdefault("batch", uuid.uuid4().hex)
-        self.mirror.apply(batch, event["rows"], event.get("sampled"))
-        await self.flush()
-
     async def flush(self) -> None:
         """Send what is due, as far as the window allows (see the module, steps 2 and 3):
-        always one frame to a client with nothing in flight, more while they fit."""
-        if self.stopped or self.cursor >= self.mirror.seq:
+        always one frame to a client with nothing in flight, more while they fit. The
+        process's fan-out and this page's acknowledgements both flush: one at a time."""
+        if self.stopped or not getattr(self, "ready", False):
+            return
+        if self.cursor >= self.mirror.seq and not self.owed:
+            return
+        async with self.flushing:
+            await self._flush()
+
+    async def _flush(self) -> None:
+        if self.stopped or (self.cursor >= self.mirror.seq and not self.owed):
             return
         if self.in_flight and not self._fits(1):
+            return
+        for text, ids in self._owed_frames() if self.owed else ():
+            if not self._fits(len(text)) or not await self._send(text):
+                return
+            for pk in ids:
+                self.owed.pop(pk, None)
+        if self.cursor >= self.mirror.seq:
             return
         if self.cursor < self.mirror.floor:
             # Versions this client still needed were evicted: its rows come over HTTP.
@@ -514,10 +661,16 @@ class BoardConsumer(AsyncWebsocketConsumer):
     async def _stop(self, exc: BaseException) -> None:
         """A failed send: logged (once for all clients hit), the client told when the socket
         still takes a small message, then closed. Nothing more is sent on this socket."""
+        FAILURES.add(exc)
+        await self.stop_quietly()
+
+    async def stop_quietly(self) -> None:
+        """Stop this page's live updates (logged by the caller): told when the socket still
+        takes a small message, then closed; the page reloads its rows."""
         self.stopped = True
         self.in_flight.clear()
         self._account(0)
-        FAILURES.add(exc)
+        self.fanout.discard(self)
         try:
             await self.send(text_data=notice("stopped", reason="a live update could not be sent"))
             await self.close(code=CLOSE_SEND_FAILED)

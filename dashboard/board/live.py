@@ -2,11 +2,17 @@
 
 1. The rows are loaded by id in one query (no ranking: a push has no order) and each is
    rendered once, by the same ``row_html`` the page uses (never once per client).
-2. A row is pushed only if it changed in meaning: its HTML differs from the last pushed
-   version (a digest per row in the shared cache, one round trip each way), leaving out what
+2. A row is pushed only if it changed in meaning: its version (``data-v``, the digest of
+   its meaning, ``dashboard.board.versions``) differs from the last pushed one, kept with
+   that row's HTML in the shared cache (one round trip each way). The meaning leaves out what
    moves with the clock alone: the ``<time>`` of the last sample (the page shows its age from
-   the timestamp, ``static/dlo/board.js``) and the sparkline's drawing, of which the digest
-   keeps the values it states (its label: the hour's maximum and the backlog now).
+   the timestamp, ``static/dlo/board.js``) and the sparkline's drawing, of which it keeps the
+   values it states (its label: the hour's maximum and the backlog now). The patch from the
+   last pushed version is computed here, once per poll, from the HTML this process pushed
+   (when it is that version: a broker polled by one process, as with the in-process
+   scheduler, or a worker per broker), and travels with the row: every server process can
+   send it, even one started after that version (its mirror empty), to a page whose row is
+   that version (the page checks ``data-v``).
 3. The poll's sample time goes once per broker (``sampled``), in the last layer message of
    the poll's rows; each consumer folds it into the frame of those rows (an HTML comment
    after them), so a poll is one websocket message per in-sync client. The page moves the
@@ -19,11 +25,11 @@
 
 from __future__ import annotations
 
+import collections
 import datetime as dt
-import hashlib
 import json
 import logging
-import re
+import threading
 import uuid
 from collections.abc import Iterable
 from typing import Any
@@ -36,26 +42,28 @@ from django.utils import timezone
 from dashboard.board.data import load_rows
 from dashboard.board.page import make_row
 from dashboard.board.rows import row_html
+from dashboard.board.versions import row_patch, version_of
 from dashboard.html import ChannelLinks
 
 log = logging.getLogger(__name__)
 
 BOARD_GROUP = "board"
-DIGEST_KEY = "dlo:board-row:{}"
-DIGEST_TTL_S = 6 * 3600
+#: The version of a row last pushed, in the shared cache: what "changed" compares, whichever
+#: process polls. A new key: the digests an older release kept under ``dlo:board-row:`` are
+#: not read (every row goes once after the upgrade).
+LAST_KEY = "dlo:board-row-v:{}"
+LAST_TTL_S = 6 * 3600
+#: The HTML this process last pushed for a row, to compute the patch from when it is still the
+#: last pushed version (a broker polled by another process since: whole rows); bounded.
+LAST_HTML_MAX = 20_000
+_last_html: collections.OrderedDict[int, str] = collections.OrderedDict()
+_last_html_lock = threading.Lock()
 #: A websocket frame's limit (daphne refuses frames over 1 MiB; a batch is split across frames).
 FRAME_BYTES = 256 * 1024
-#: A channel-layer message's share of rows (one poll of 10,000 changed rows is ~10 messages).
-LAYER_MESSAGE_BYTES = 1024 * 1024
-_SAMPLE_TIME = re.compile(r"<time [^>]*>[^<]*</time>")
-_SPARK = re.compile(r'<svg class="spark[^"]*"[^>]*?(aria-label="[^"]*")[^>]*>.*?</svg>', re.S)
-
-
-def row_digest(html: str) -> str:
-    """What "changed" compares: the row's HTML minus what moves with the clock (the sample
-    time; the sparkline's drawing, reduced to its label)."""
-    meaning = _SPARK.sub(r"<svg \1>", _SAMPLE_TIME.sub("", html))
-    return hashlib.blake2b(meaning.encode(), digest_size=12).hexdigest()
+#: A channel-layer message's share of rows: a poll of up to ~4,000 changed rows is one message
+#: (10,000 is three). At 1 MiB, 1,000 changed rows of ~1.07 KB made two, and the pages got
+#: the last few rows (and the sample time) ~0.1-0.2 s after the rest, in a second frame.
+LAYER_MESSAGE_BYTES = 4 * 1024 * 1024
 
 
 def _reload_notice(reason: str) -> str:
@@ -63,22 +71,39 @@ def _reload_notice(reason: str) -> str:
     return json.dumps({"reload": {"reason": reason}}, separators=(",", ":"))
 
 
-def _changed_only(rendered: dict[int, str]) -> dict[int, str]:
-    """The rows whose HTML differs from the last pushed version; records the new versions.
-    A cache failure pushes everything (a redundant row is harmless, a missing one is not)."""
-    digests = {pk: row_digest(html) for pk, html in rendered.items()}
+def _changed_only(rendered: dict[int, str]) -> tuple[dict[int, str], dict[int, str]]:
+    """The rows whose version differs from the last pushed one, and for each of those whose
+    last pushed HTML this process holds, the patch from it; records the new versions. A cache
+    failure pushes everything whole (a redundant row is harmless, a missing one is not)."""
+    versions = {pk: version_of(html) for pk, html in rendered.items()}
     try:
-        last = cache.get_many([DIGEST_KEY.format(pk) for pk in digests])
+        last = cache.get_many([LAST_KEY.format(pk) for pk in rendered])
     except Exception:
-        log.warning("board row digests unavailable; pushing every row", exc_info=True)
-        return rendered
-    fresh = {pk: rendered[pk] for pk, d in digests.items() if last.get(DIGEST_KEY.format(pk)) != d}
+        log.warning("board row versions unavailable; pushing every row", exc_info=True)
+        return rendered, {}
+    fresh: dict[int, str] = {}
+    patches: dict[int, str] = {}
+    with _last_html_lock:
+        for pk, html in rendered.items():
+            before = last.get(LAST_KEY.format(pk))
+            if before == versions[pk]:
+                continue
+            fresh[pk] = html
+            held = _last_html.get(pk)
+            if before and held is not None and version_of(held) == before:
+                patch = row_patch(pk, held, html)
+                if patch is not None:
+                    patches[pk] = patch
+            _last_html[pk] = html
+            _last_html.move_to_end(pk)
+        while len(_last_html) > LAST_HTML_MAX:
+            _last_html.popitem(last=False)
     if fresh:
         try:
-            cache.set_many({DIGEST_KEY.format(pk): digests[pk] for pk in fresh}, DIGEST_TTL_S)
+            cache.set_many({LAST_KEY.format(pk): versions[pk] for pk in fresh}, LAST_TTL_S)
         except Exception:
-            log.warning("board row digests not saved", exc_info=True)
-    return fresh
+            log.warning("board row versions not saved", exc_info=True)
+    return fresh, patches
 
 
 def _messages(payload: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
@@ -117,14 +142,15 @@ def push_board_rows(
         pk: row_html(row, True, links).encode("ascii", "xmlcharrefreplace").decode("ascii")
         for pk, row in rows.items()
     }
-    fresh = _changed_only(rendered) if rendered else {}
+    fresh, patches = _changed_only(rendered) if rendered else ({}, {})
     payload = []
     for pk, html in fresh.items():
+        patch = patches.get(pk)
         if len(html) > FRAME_BYTES:
             log.warning(
                 "board row %s is %d bytes, over a frame: pages reload instead", pk, len(html)
             )
-            html = _reload_notice("a row too large to push")
+            html, patch = _reload_notice("a row too large to push"), None
         payload.append(
             {
                 "id": pk,
@@ -132,6 +158,7 @@ def push_board_rows(
                 "broker": rows[pk].channel.broker.name,
                 "state": rows[pk].state,
                 "html": html,
+                "patch": patch,
             }
         )
     messages = _messages(payload)

@@ -21,6 +21,7 @@ from django.utils.safestring import SafeString, mark_safe
 
 from channels_registry.health import fmt_duration
 from channels_registry.templatetags.dlo_health import num
+from dashboard.board.versions import row_digest
 from dashboard.html import ChannelLinks, escape
 from dlq.text.render import visible
 
@@ -130,11 +131,11 @@ def _sample_cell(row: BoardRow) -> str:
 
 def row_html(row: BoardRow, oob: bool = False, links: ChannelLinks | None = None) -> SafeString:
     """The row's ``<tr>`` (``oob``: marked for an htmx out-of-band swap, as pushed); ``links``
-    shared by the rows of one list."""
+    shared by the rows of one list. The ``<tr>`` carries the row's version (``data-v``,
+    ``dashboard.board.versions``), the same in the page and in a push."""
     stale = " is-stale" if row.stale else ""
-    swap = ' hx-swap-oob="true"' if oob else ""
-    return mark_safe(  # every interpolated value above and here is escaped
-        f'\n<tr id="{escape(row.dom_id)}" class="row-{escape(row.state)}{stale}"{swap}>\n'
+    head = f'\n<tr id="{escape(row.dom_id)}" class="row-{escape(row.state)}{stale}"'
+    body = (
         f"{_channel_cell(row, links or ChannelLinks())}\n"
         f"{_state_cell(row)}\n"
         f"{_number_cells(row)}"
@@ -143,6 +144,10 @@ def row_html(row: BoardRow, oob: bool = False, links: ChannelLinks | None = None
         f"{_sample_cell(row)}\n"
         "</tr>\n"
     )
+    version = row_digest(f"{head}>\n{body}")  # hex digits
+    swap = ' hx-swap-oob="true"' if oob else ""
+    # Every interpolated value above and here is escaped.
+    return mark_safe(f'{head} data-v="{version}"{swap}>\n{body}')
 
 
 def rows_html(rows: list[BoardRow]) -> SafeString:

@@ -90,19 +90,35 @@
     unackedBytes += size;
     if (unackedBytes >= ACK_BYTES) { sendAck(); } else if (!ackTimer) { ackTimer = setTimeout(sendAck, 0); }
   }
-  // A row patch: [channel id, {cell index: inner HTML}] for the cells whose meaning changed
-  // (the state's evidence line, numbers, sparkline, drain ETA, sample; never the channel cell,
-  // and a new state or flag comes as a whole row). The HTML is the server's, escaped as in a
-  // whole row. A row this page has not loaded (a slice not shown yet) is skipped, as htmx
-  // skips a whole row it cannot place; its state did not change, so it needs no attention.
+  // A row patch: [channel id, {cell index: inner HTML}, from version, to version] for the
+  // cells whose meaning changed (the state's evidence line, numbers, sparkline, drain ETA,
+  // sample; never the channel cell, and a new state or flag comes as a whole row). The HTML is
+  // the server's, escaped as in a whole row. It applies only to the row at the version it
+  // starts from (the row's data-v, rendered by the server in the page and in every pushed
+  // row); a row at another version is asked for whole ("rows N,M"). A row this page has not
+  // loaded (a slice not shown yet) is skipped, as htmx skips a whole row it cannot place; its
+  // state did not change, so it needs no attention.
+  var ROWS_ASKED_MAX = 2000;
+  var wanted = [];
   function patchRow(p) {
     if (!Array.isArray(p) || !p[1] || typeof p[1] !== "object") { return; }
-    var tr = document.getElementById("ch-" + Number(p[0]));
+    var id = Number(p[0]);
+    var tr = document.getElementById("ch-" + id);
     if (!tr || !board() || !board().contains(tr)) { return; }
+    if (typeof p[2] !== "string" || typeof p[3] !== "string" || tr.getAttribute("data-v") !== p[2]) {
+      if (wanted.indexOf(id) < 0) { wanted.push(id); }
+      return;
+    }
     Object.keys(p[1]).forEach(function (i) {
       var td = tr.cells[Number(i)];
       if (td && Number(i) >= 1 && typeof p[1][i] === "string") { td.innerHTML = p[1][i]; }
     });
+    tr.setAttribute("data-v", p[3]);
+  }
+  function askRows(detail) {
+    var socket = detail && detail.socketWrapper;
+    while (socket && wanted.length) { socket.send("rows " + wanted.splice(0, ROWS_ASKED_MAX).join(",")); }
+    wanted = [];
   }
   function notice(data) {
     if (data.patch) { patchRow(data.patch); }
@@ -124,7 +140,7 @@
     var message = e.detail && e.detail.message;
     if (typeof message === "string" && message.charAt(0) === "{") {
       e.preventDefault();
-      try { notice(JSON.parse(message)); } finally { ack(e.detail, message.length); }
+      try { notice(JSON.parse(message)); } finally { ack(e.detail, message.length); askRows(e.detail); }
       return;
     }
     kept = keep();
@@ -134,7 +150,7 @@
     try {
       if (typeof message === "string") { foldedNotices(message); }
       restore(kept);
-    } finally { kept = null; ack(e.detail, message.length || 0); }
+    } finally { kept = null; ack(e.detail, message.length || 0); askRows(e.detail); }
   });
 
   // Focus, scroll and the j/k row survive a pushed row replacing the one they were on.

@@ -146,7 +146,7 @@ def test_filters_by_team_broker_and_state_in_the_url(viewer: Any) -> None:
     assert ids("?state=lagging") == {pay.pk}
     assert ids("?state=dlq-nonempty") == {search.pk}
     content = client.get("/?team=search").content.decode()
-    assert 'ws-connect="/ws/board/?patch=1&amp;team=search"' in content
+    assert 'ws-connect="/ws/board/?patch=2&amp;team=search"' in content
     assert '<option value="search" selected>' in content
     assert "No channel matches these filters" in client.get("/?state=stalled").content.decode()
 

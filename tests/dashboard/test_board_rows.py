@@ -187,11 +187,21 @@ def test_rows_are_the_old_partials_rows_byte_for_byte() -> None:
     channels = Channel.objects.select_related("broker", "health").in_bulk()
     model_rows = [make_row(channels[row.channel.pk], now) for row in rows]
     partial = Engine.get_default().from_string(TEMPLATE_ROW)  # the project's engine
+    # Beside the partial's markup, each <tr> carries its version (issue 29): the digest of
+    # what the partial rendered.
+    from dashboard.board.versions import row_digest
+
+    def unversioned(html: str) -> str:
+        return re.sub(r' data-v="[0-9a-f]{16}"', "", html, count=1)
+
     for row, model_row in zip(rows, model_rows, strict=True):
         for oob in (False, True):
             expected = partial.render(Context({"row": model_row, "oob": oob}))
-            assert str(row_html(row, oob)) == expected
-    assert rows_html(rows) == "".join(partial.render(Context({"row": r})) for r in model_rows)
+            html = str(row_html(row, oob))
+            assert unversioned(html) == expected
+            assert f' data-v="{row_digest(expected)}"' in html.split(">", 1)[0]
+    expected_all = "".join(partial.render(Context({"row": r})) for r in model_rows)
+    assert re.sub(r' data-v="[0-9a-f]{16}"', "", rows_html(rows)) == expected_all
 
 
 def _pushed(pk: int) -> str:
@@ -209,7 +219,7 @@ def test_a_row_patch_carries_the_changed_cells_only_escaped() -> None:
     the whole row."""
     import json
 
-    from dashboard.board.consumers import row_patch
+    from dashboard.board.versions import row_digest, row_patch, version_of
 
     channel = _hostile_channel()
     first = _pushed(channel.pk)
@@ -221,14 +231,19 @@ def test_a_row_patch_carries_the_changed_cells_only_escaped() -> None:
     assert patch is not None and patch.startswith("<!--dlo {") and patch.endswith("}-->")
     body = patch[len("<!--dlo ") : -len("-->")]
     assert "<" not in body and ">" not in body  # JSON escapes: the comment cannot close early
-    pk, cells = json.loads(body)["patch"]
+    pk, cells, start, end = json.loads(body)["patch"]
     assert pk == channel.pk and set(cells) == {"1", "2"}  # the state cell's evidence, backlog
+    # From the version the first row carries to the second's: what the page checks.
+    assert (start, end) == (version_of(first), version_of(second)) and start != end
+    assert start == row_digest(first) and end == row_digest(second)
     assert cells["2"] == "1,234,999"
     assert "now &lt;script&gt;alert(&#x27;x&#x27;)&lt;/script&gt;&amp;" in cells["1"]
     assert "<script>" not in cells["1"] and "\u202e" not in cells["1"]
     # Each cell as the whole row has it: the page sets the cell to exactly this.
     assert f">{cells['1']}</td>" in second and f">{cells['2']}</td>" in second
-    assert row_patch(channel.pk, first, first) == f'<!--dlo {{"patch":[{channel.pk},{{}}]}}-->'
+    v = version_of(first)
+    unchanged = f'<!--dlo {{"patch":[{channel.pk},{{}},"{v}","{v}"]}}-->'
+    assert row_patch(channel.pk, first, first) == unchanged
 
     health.state, health.severity = HealthState.STOPPED, SEVERITY[HealthState.STOPPED]
     health.save()
@@ -243,3 +258,27 @@ def test_a_row_patch_carries_the_changed_cells_only_escaped() -> None:
     channel.save()
     assert row_patch(channel.pk, second, _pushed(channel.pk)) is None  # a new name: whole
     assert row_patch(1, "<tr><td>a</td></tr>", "<tr><td>b</td></tr>") is None  # not a board row
+    unversioned = second.replace(f' data-v="{version_of(second)}"', "")
+    assert row_patch(channel.pk, unversioned, second) is None  # no version to start from
+
+
+def test_the_page_and_the_push_give_a_row_the_same_version(viewer: Any) -> None:
+    """Issue 29: the board page's row (HTTP) carries the version the push renders for the same
+    row, so the first poll after a page loaded may go as patches; the clock alone (a later
+    sample time, a sparkline redrawn) does not change it, its numbers do."""
+    from dashboard.board.versions import version_of
+
+    channel = _hostile_channel()
+    page = client_for(viewer).get("/").content.decode()
+    found = re.search(rf'<tr id="ch-{channel.pk}"[^>]*>', page)
+    assert found is not None, page[:2000]
+    pushed = _pushed(channel.pk)
+    assert 'hx-swap-oob="true"' in pushed and "hx-swap-oob" not in found.group(0)
+    assert version_of(found.group(0)) == version_of(pushed) != ""
+    health = ChannelHealth.objects.get(channel=channel)
+    health.last_sample_at = health.last_sample_at + dt.timedelta(seconds=30)
+    health.save()
+    assert version_of(_pushed(channel.pk)) == version_of(pushed)
+    health.backlog += 1
+    health.save()
+    assert version_of(_pushed(channel.pk)) != version_of(pushed)

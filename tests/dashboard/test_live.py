@@ -28,6 +28,7 @@ from channels_registry.models import BrokerKind
 from config.asgi import application
 from dashboard.board import consumers
 from dashboard.board.live import BOARD_GROUP, FRAME_BYTES
+from dashboard.board.versions import row_digest, version_of
 from dashboard.roles import sync_roles
 from tests.conftest import (
     broker_required,
@@ -313,6 +314,132 @@ def test_a_failed_send_is_told_to_the_page_and_logged_once(
     assert "payload limit" in failed[0].getMessage()
 
 
+def _membership(monkeypatch: pytest.MonkeyPatch, layer: Any) -> dict[str, list[str]]:
+    """Record the layer's group joins and leaves for the board group."""
+    calls: dict[str, list[str]] = {"add": [], "discard": []}
+    for verb in calls:
+        real = getattr(layer, f"group_{verb}")
+
+        async def recorded(group: str, channel: str, real: Any = real, verb: str = verb) -> None:
+            if group == BOARD_GROUP:
+                calls[verb].append(channel)
+            await real(group, channel)
+
+        monkeypatch.setattr(layer, f"group_{verb}", recorded)
+    return calls
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_processs_pages_share_one_member_of_the_board_group(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Three pages: one group member (one layer message per push, whatever the number of
+    pages), every page gets the push; the member leaves with the last page, and the next page
+    joins again."""
+    cookie = _cookie(make_user("vera", "viewer"))
+    layer = get_channel_layer()
+    calls = _membership(monkeypatch, layer)
+    delivered = []
+    real_send = layer.send
+
+    async def counted_send(channel: str, message: dict[str, Any]) -> None:
+        if message.get("type") == "board.rows":
+            delivered.append(channel)
+        await real_send(channel, message)
+
+    monkeypatch.setattr(layer, "send", counted_send)
+
+    async def scenario() -> None:
+        pages = [await _board(cookie) for _ in range(3)]
+        assert len(calls["add"]) == 1
+        await layer.group_send(BOARD_GROUP, _rows({1: _tr(1, 1)}))
+        for page in pages:
+            assert await page.receive_from(timeout=3) == _tr(1, 1)
+        if type(layer).__name__ == "InMemoryChannelLayer":  # its group_send calls send
+            # One layer message for the three pages (an earlier test's loop may have left
+            # a member of its own behind: not this process's pages).
+            assert [c for c in delivered if c in calls["add"]] == calls["add"]
+        for page in pages[:2]:
+            await page.disconnect()
+        assert calls["discard"] == []
+        await pages[2].disconnect()
+        assert calls["discard"] == calls["add"]
+        again = await _board(cookie)
+        assert len(calls["add"]) == 2 and calls["add"][1] != calls["add"][0]
+        await layer.group_send(BOARD_GROUP, _rows({1: _tr(1, 2)}))
+        assert await again.receive_from(timeout=3) == _tr(1, 2)
+        await again.disconnect()
+
+    run(scenario)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_failing_channel_layer_is_told_to_every_page_and_logged_once(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The process's member cannot receive (Redis gone): each page hears live updates
+    stopped and its socket closes (the page reloads its rows and reconnects); one log line
+    names how many pages; a page connecting later joins the group anew."""
+    cookie = _cookie(make_user("vera", "viewer"))
+    layer = get_channel_layer()
+    calls = _membership(monkeypatch, layer)
+    real_receive = layer.receive
+    broken = asyncio.Event()
+
+    async def receive(channel: str) -> dict[str, Any]:
+        message = await real_receive(channel)
+        if broken.is_set():
+            raise ConnectionError("Connection closed by server.")
+        return message
+
+    monkeypatch.setattr(layer, "receive", receive)
+
+    async def scenario() -> None:
+        pages = [await _board(cookie) for _ in range(2)]
+        broken.set()
+        await layer.group_send(BOARD_GROUP, _rows({1: _tr(1, 1)}))
+        for page in pages:
+            told = json.loads(await page.receive_from(timeout=3))
+            assert told == {"stopped": {"reason": "a live update could not be sent"}}
+            closed = await page.receive_output(timeout=3)
+            assert closed == {"type": "websocket.close", "code": consumers.CLOSE_SEND_FAILED}
+            await page.wait()
+        broken.clear()
+        again = await _board(cookie)
+        assert len(calls["add"]) == 2
+        await layer.group_send(BOARD_GROUP, _rows({1: _tr(1, 2)}))
+        assert await again.receive_from(timeout=3) == _tr(1, 2)
+        await again.disconnect()
+
+    with caplog.at_level(logging.ERROR, logger="dashboard.board.consumers"):
+        run(scenario)
+    failed = [r.getMessage() for r in caplog.records if "channel layer failed" in r.getMessage()]
+    assert len(failed) == 1 and "2 client(s)" in failed[0], failed
+    assert "ConnectionError" in failed[0]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_processs_group_membership_is_renewed_while_nothing_is_pushed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """channels_redis forgets a member after its group_expiry however long the socket lives:
+    the process's member joins again every GROUP_REFRESH_S, and a push still arrives."""
+    monkeypatch.setattr(consumers, "GROUP_REFRESH_S", 0.1)
+    cookie = _cookie(make_user("vera", "viewer"))
+    layer = get_channel_layer()
+    calls = _membership(monkeypatch, layer)
+
+    async def scenario() -> None:
+        page = await _board(cookie)
+        await asyncio.sleep(0.45)
+        assert len(calls["add"]) >= 3 and len(set(calls["add"])) == 1
+        await layer.group_send(BOARD_GROUP, _rows({1: _tr(1, 1)}))
+        assert await page.receive_from(timeout=3) == _tr(1, 1)
+        await page.disconnect()
+
+    run(scenario)
+
+
 @pytest.mark.django_db(transaction=True)
 def test_a_brokers_sample_time_rides_in_the_frame_of_its_rows() -> None:
     """One message per poll: the sample time follows the rows as an inert HTML comment; with
@@ -544,28 +671,32 @@ def test_a_message_of_an_older_pusher_without_a_batch_id_still_arrives() -> None
 
 def _board_row(pk: int, backlog: int) -> str:
     """A row shaped as ``dashboard.board.rows.row_html`` renders it (a name that needed
-    escaping)."""
-    return (
-        f'\n<tr id="ch-{pk}" class="row-ok" hx-swap-oob="true">\n'
+    escaping), with its version."""
+    head = f'\n<tr id="ch-{pk}" class="row-ok"'
+    body = (
         f'<td data-label="Channel"><a href="/channels/c{pk}/">C &lt;img&gt; {pk}</a></td>\n'
         '<td data-label="State"><span class="state state-ok">OK</span></td>\n'
         f'<td class="n" data-label="Backlog">{backlog}</td>\n'
         "</tr>\n"
     )
+    return f'{head} data-v="{row_digest(head + ">" + body)}" hx-swap-oob="true">\n{body}'
 
 
-def _patch(pk: int, backlog: int) -> str:
-    return f'<!--dlo {{"patch":[{pk},{{"2":"{backlog}"}}]}}-->'
+def _patch(pk: int, backlog: int, start: int | None = None) -> str:
+    before = _board_row(pk, backlog - 1 if start is None else start)
+    v0, v1 = version_of(before), version_of(_board_row(pk, backlog))
+    return f'<!--dlo {{"patch":[{pk},{{"2":"{backlog}"}},"{v0}","{v1}"]}}-->'
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_row_goes_as_a_patch_only_to_a_client_sent_the_version_it_starts_from(
+def test_a_row_goes_as_a_patch_to_a_page_that_checks_versions(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Issue 29: a row whose numbers moved goes as a patch of those cells to a client that was
-    sent its previous version; whole to a client that connected after that version (its page
-    has the row from HTTP, maybe older), and whole to a client that fell behind while the
-    version the patch starts from came and went."""
+    """Issue 29: a row whose numbers moved goes as a patch of those cells, naming the version
+    it starts from, to a page that checks it (``?patch=2``), also to one that connected after
+    that version (its row came over HTTP, with the version in it); whole to a client that fell
+    behind while the version the patch starts from came and went, and whole to a page of an
+    older release (``?patch=1`` applied patches without checking)."""
     monkeypatch.setattr(consumers, "WINDOW_BYTES", 50)  # one patch in flight fills it
     cookie = _cookie(make_user("vera", "viewer"))
     layer = get_channel_layer()
@@ -581,15 +712,15 @@ def test_a_row_goes_as_a_patch_only_to_a_client_sent_the_version_it_starts_from(
         return str(frame)
 
     async def scenario() -> None:
-        early = await _board(cookie, "/ws/board/?patch=1")
-        older = await _board(cookie)  # a page of an older release: it does not apply patches
+        early = await _board(cookie, "/ws/board/?patch=2")
+        older = await _board(cookie, "/ws/board/?patch=1")  # an older release's page
         await push(1)
         assert await received(early) == _board_row(pk, 1)
         assert await received(older) == _board_row(pk, 1)
-        late = await _board(cookie, "/ws/board/?patch=1")  # connects after version 1
+        late = await _board(cookie, "/ws/board/?patch=2")  # connects after version 1
         await push(2)
         assert await received(early) == _patch(pk, 2)
-        assert await received(late) == _board_row(pk, 2)
+        assert await received(late) == _patch(pk, 2)  # its page holds version 1 from HTTP
         assert await received(older) == _board_row(pk, 2)
         await push(3)
         assert await received(late) == _patch(pk, 3)  # it was sent version 2
@@ -606,5 +737,101 @@ def test_a_row_goes_as_a_patch_only_to_a_client_sent_the_version_it_starts_from(
         for communicator in (early, late, older):
             assert await communicator.receive_nothing(timeout=0.3)
             await communicator.disconnect()
+
+    run(scenario)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_server_process_started_after_a_version_still_sends_the_pushers_patch(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 29: the pusher computes the patch from the version it pushed last and sends it
+    with the row, so a process whose mirror never held that version (started after it, as
+    after a deploy) sends the patch, not the whole row, to a page that checks versions."""
+    monkeypatch.setattr(consumers.BoardConsumer, "mirror", consumers.BoardMirror())
+    cookie = _cookie(make_user("vera", "viewer"))
+    layer = get_channel_layer()
+    pk = 9002
+    message = _rows({pk: _board_row(pk, 8)})
+    message["rows"][0]["patch"] = _patch(pk, 8, start=7)
+
+    async def scenario() -> None:
+        checking = await _board(cookie, "/ws/board/?patch=2")
+        older = await _board(cookie, "/ws/board/?patch=1")
+        await layer.group_send(BOARD_GROUP, message)
+        assert await checking.receive_from(timeout=3) == _patch(pk, 8, start=7)
+        assert await older.receive_from(timeout=3) == _board_row(pk, 8)
+        for communicator in (checking, older):
+            await communicator.disconnect()
+
+    run(scenario)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_page_whose_row_is_another_version_gets_it_whole_when_it_asks() -> None:
+    """Issue 29: the page found its row at another version than a patch starts from and asks
+    for it (``rows N,M``): it gets this process's latest version whole, in bounded frames;
+    rows it may not see, unknown ids and junk are ignored; a page that takes no patches
+    cannot ask."""
+    cookie = _cookie(make_user("vera", "viewer"))
+    layer = get_channel_layer()
+    message = _rows({9003: _board_row(9003, 1), 9004: _board_row(9004, 1)})
+    message["rows"][0]["team"], message["rows"][1]["team"] = "payments", "search"
+    later = _rows({9003: _board_row(9003, 2)})
+    later["rows"][0]["team"] = "payments"
+
+    async def scenario() -> None:
+        page = await _board(cookie, "/ws/board/?patch=2&team=payments")
+        older = await _board(cookie, "/ws/board/?patch=1")
+        await layer.group_send(BOARD_GROUP, message)
+        assert await page.receive_from(timeout=3) == _board_row(9003, 1)  # 9004: not its team
+        await page.send_to(text_data="ack")
+        assert await older.receive_from(timeout=3) == _board_row(9003, 1) + _board_row(9004, 1)
+        await older.send_to(text_data="ack")
+        await layer.group_send(BOARD_GROUP, later)
+        assert await page.receive_from(timeout=3) == _patch(9003, 2)
+        await page.send_to(text_data="ack")
+        await older.receive_from(timeout=3)
+        await older.send_to(text_data="ack")
+        await page.send_to(text_data="rows 9003,9004,12345,x,-1,9003")
+        assert await page.receive_from(timeout=3) == _board_row(9003, 2)
+        assert await page.receive_nothing(timeout=0.3)
+        await page.send_to(text_data="ack")
+        await older.send_to(text_data="rows 9003")
+        assert await older.receive_nothing(timeout=0.3)
+        for communicator in (page, older):
+            await communicator.disconnect()
+
+    run(scenario)
+
+
+def test_a_page_leaving_while_another_is_being_accepted_keeps_the_processs_member() -> None:
+    """The process counts a page from the moment it starts joining (before it is accepted), so
+    the last accepted page leaving then does not take the group away from the page being
+    accepted: a push still reaches it."""
+    flushed: list[str] = []
+
+    class Page:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        async def flush(self) -> None:
+            flushed.append(self.name)
+
+    async def scenario() -> None:
+        fan = consumers.Fanout(consumers.BoardMirror())
+        leaving, arriving = Page("leaving"), Page("arriving")
+        await fan.join(leaving)  # type: ignore[arg-type]
+        await fan.join(arriving)  # type: ignore[arg-type]  # still being accepted
+        await fan.leave(leaving)  # type: ignore[arg-type]
+        assert fan.task is not None and not fan.task.done()
+        await get_channel_layer().group_send(BOARD_GROUP, _rows({1: _tr(1, 1)}))
+        for _ in range(50):
+            if flushed:
+                break
+            await asyncio.sleep(0.02)
+        assert flushed == ["arriving"]
+        await fan.leave(arriving)  # type: ignore[arg-type]
+        assert fan.task is None
 
     run(scenario)
