@@ -18,7 +18,11 @@ received per cycle, and the resident memory of the server process.
    read all that has arrived, or at once past 256 KiB; the server keeps at most a window of
    unacknowledged bytes in flight per client), and records the receipt time and the poll cycle
    of every row. Messages that are not rows (JSON notices: "sampled", "reload", "stopped")
-   are counted by kind.
+   are counted by kind. A client takes patches (``?patch=2``) without checking their starting
+   version: it holds no HTTP rows; the page's rows carry the version the push starts from
+   (``tests/dashboard/test_board_rows.py``), and a row at another version costs the page one
+   ``rows N`` request (``tests/e2e/test_live_board.py``).
+   The bench's Redis database is emptied first (``empty_redis``).
 4. The poller: the real ``do_poll_broker`` (samples, health, one transaction, push after
    commit through ``dashboard.board.live.push_board_rows``) with the adapter replaced by a synthetic
    one, so no broker is involved and every cycle changes ``BENCH_CHANGED`` rows (in-flight =
@@ -37,7 +41,9 @@ Environment: ``BENCH_CLIENTS`` (200), ``BENCH_CHANNELS`` (1,000), ``BENCH_CHANGE
 listening after the last poll), ``BENCH_WARMUP`` (0: polls before the measured ones, their
 rows reported as unmatched) and ``BENCH_SETTLE_S`` (15: the pause after them),
 ``BENCH_PROFILE`` (a path: the server runs under cProfile and
-writes its profile there).
+writes its profile there), ``BENCH_CLIENT_PROFILE`` (the same for each client process) and
+``BENCH_CLIENT_PROCS`` (1: processes the clients are spread over). The report ends with the
+CPU seconds the server, the client processes and the poller used during the polls.
 
 Note: with redis-py 8 (its socket timeout now defaults to 5 s) channels_redis' blocking
 receive times out on a socket idle for 5 s and the server closes the websocket with 1011; a
@@ -81,6 +87,14 @@ WARMUP = int(os.environ.get("BENCH_WARMUP", "0"))
 SETTLE_S = float(os.environ.get("BENCH_SETTLE_S", "15"))
 #: A path: the server runs under cProfile and writes its profile there when it stops.
 PROFILE = os.environ.get("BENCH_PROFILE", "")
+#: The patch protocol the clients name (``?patch=``): 2 today; 1 to measure a release before
+#: versioned rows with this bench.
+PATCH = os.environ.get("BENCH_PATCH", "2")
+#: A path: each client process runs under cProfile and writes its profile there (``.PID``).
+CLIENT_PROFILE = os.environ.get("BENCH_CLIENT_PROFILE", "")
+#: Processes the clients are spread over (a thousand browsers each read their own socket;
+#: one Python process reading for all of them queues each receipt behind the others').
+CLIENT_PROCS = max(1, int(os.environ.get("BENCH_CLIENT_PROCS", "1")))
 RUN = uuid.uuid4().hex[:8]
 DB = f"bench_live_{RUN}"
 HOST = "127.0.0.1"
@@ -89,7 +103,9 @@ HOST = "127.0.0.1"
 #: cycle number there (every other row shows 0); in a row patch (``dashboard.board.consumers``
 #: ``row_patch``) it is cell 3.
 _MOVING = re.compile(rb'data-label="In flight">([1-9]\d{0,3})</td>')
-_PATCHED = re.compile(rb'<!--dlo \{"patch":\[\d+,\{[^{}]*?"3":"([1-9]\d{0,3})"')
+#: The in-flight cell of a row patch (``"3"``: the cell's index; a key is always a cell's
+#: index in a patch, as a ``"`` inside a cell's HTML is escaped in the JSON).
+_PATCHED = re.compile(rb'"3":"([1-9]\d{0,3})"')
 
 
 def _pg(dbname: str = "postgres") -> Any:
@@ -112,7 +128,23 @@ def _server_env() -> dict[str, str]:
     return env
 
 
+def empty_redis() -> None:
+    """Empty the bench's Redis database (``BENCH_REDIS_URL``, db 5 by default): the channel
+    layer's group would still hold the members of earlier runs' server processes (a killed
+    daphne never leaves it; channels_redis forgets a member after a day), each sent a copy of
+    every push, and the cache the last pushed versions of rows whose ids the new database
+    reuses."""
+    import redis
+
+    client = redis.Redis.from_url(REDIS_URL, socket_timeout=10)
+    try:
+        client.flushdb()
+    finally:
+        client.close()
+
+
 def setup_django() -> None:
+    empty_redis()
     with _pg() as conn:
         conn.execute(f'CREATE DATABASE "{DB}"')
     os.environ.update(_server_env())
@@ -210,6 +242,13 @@ def rss_mib(pid: int) -> float:
     return float("nan")
 
 
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds a process has used (``/proc/PID/stat`` fields 14 and 15)."""
+    with open(f"/proc/{pid}/stat", encoding="ascii") as fh:
+        fields = fh.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def start_server(port: int, log: Any) -> subprocess.Popen[bytes]:
     profile = ["-m", "cProfile", "-o", PROFILE] if PROFILE else []
     proc = subprocess.Popen(
@@ -251,7 +290,8 @@ class WsClient:
         )
         key = base64.b64encode(os.urandom(16)).decode()
         request = (
-            f"GET /ws/board/?patch=1 HTTP/1.1\r\nHost: {HOST}:{self.port}\r\nUpgrade: websocket\r\n"
+            f"GET /ws/board/?patch={PATCH} HTTP/1.1\r\nHost: {HOST}:{self.port}\r\n"
+            "Upgrade: websocket\r\n"
             f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n"
             f"Origin: http://{HOST}:{self.port}\r\nCookie: sessionid={self.session_key}\r\n\r\n"
         )
@@ -324,14 +364,18 @@ class WsClient:
                     )
                 # The rows of each cycle present, whole or as patches (a message holds one
                 # cycle, or a few when a client fell behind and rows were coalesced).
-                cycles = collections.Counter(int(n) for n in _MOVING.findall(data))
-                patched = _PATCHED.findall(data)
-                if patched:
-                    self.notices["row patches"] = self.notices.get("row patches", 0) + len(patched)
-                    cycles.update(int(n) for n in patched)
+                # Counted as bytes, in C: a thousand clients' parsing shares one process and
+                # delays the receipt times of the clients read after it.
+                cycles = collections.Counter(_PATCHED.findall(data))
+                if cycles:
+                    self.notices["row patches"] = (
+                        self.notices.get("row patches", 0) + cycles.total()
+                    )
+                if b"<tr " in data:
+                    cycles.update(_MOVING.findall(data))
                 for cycle, rows in cycles.items():
-                    if cycle <= WARMUP + CYCLES:
-                        self.received.append((now, cycle, rows))
+                    if int(cycle) <= WARMUP + CYCLES:
+                        self.received.append((now, int(cycle), rows))
         except (OSError, asyncio.IncompleteReadError) as exc:
             self.error = f"{type(exc).__name__}: {exc}"
 
@@ -432,7 +476,16 @@ async def _clients(port: int, keys: list[str], ready: Any, stop: Any, out: Any) 
 def client_process(port: int, keys: list[str], ready: Any, stop: Any, out: Any) -> None:
     """The clients run in their own process, so that reading a gigabyte per cycle does not
     hold the poller's GIL (nor the poller theirs): commit and receipt times are wall clock."""
-    asyncio.run(_clients(port, keys, ready, stop, out))
+    if not CLIENT_PROFILE:
+        asyncio.run(_clients(port, keys, ready, stop, out))
+        return
+    import cProfile
+
+    profile = cProfile.Profile()
+    try:
+        profile.runcall(asyncio.run, _clients(port, keys, ready, stop, out))
+    finally:
+        profile.dump_stats(f"{CLIENT_PROFILE}.{os.getpid()}")
 
 
 class Received:
@@ -470,18 +523,32 @@ def run_clients(
     Broker.adapter = lambda self, installation=None: SyntheticAdapter(cycle)  # type: ignore[method-assign]
 
     rss_idle = rss_mib(server.pid)
-    connections.close_all()  # not shared with the forked client process
+    connections.close_all()  # not shared with the forked client processes
     context = multiprocessing.get_context("fork")
     ready, stop, out = context.Event(), context.Event(), context.Queue()
-    process = context.Process(target=client_process, args=(port, keys, ready, stop, out))
-    process.start()
-    _, connected_n, took = out.get(timeout=600)
+    processes = [
+        context.Process(target=client_process, args=(port, keys[i::CLIENT_PROCS], ready, stop, out))
+        for i in range(CLIENT_PROCS)
+    ]
+    for process in processes:
+        process.start()
+    connected_n, took = 0, 0.0
+    for _ in processes:
+        _, n, t = out.get(timeout=600)
+        connected_n, took = connected_n + n, max(took, t)
     print(
-        f"{connected_n}/{len(keys)} clients connected in {took:.1f} s;"
-        f" server RSS {rss_mib(server.pid):.0f} MiB (idle {rss_idle:.0f} MiB)"
+        f"{connected_n}/{len(keys)} clients connected in {took:.1f} s"
+        f" ({CLIENT_PROCS} client process(es)); server RSS {rss_mib(server.pid):.0f} MiB"
+        f" (idle {rss_idle:.0f} MiB)"
     )
     done = threading.Event()
     rss_samples: list[float] = []
+    # Who used the machine's CPU during the polls: the server, the clients (in a real
+    # deployment, a thousand browsers elsewhere) and this process (the poller and PostgreSQL's
+    # client side; PostgreSQL and Redis themselves are not counted).
+    pids = {"server": [server.pid], "clients": [p.pid for p in processes], "poller": [os.getpid()]}
+    cpu_start = {name: sum(map(cpu_s, group)) for name, group in pids.items()}
+    wall_start = time.monotonic()
     thread = threading.Thread(target=poller, args=(broker_id, cycle, done), daemon=True)
     thread.start()
     until = time.monotonic() + CYCLES * 120
@@ -491,11 +558,18 @@ def run_clients(
     for _ in range(int(GRACE_S * 2)):  # stragglers
         rss_samples.append(rss_mib(server.pid))
         time.sleep(0.5)
+    cpu = {name: sum(map(cpu_s, group)) - cpu_start[name] for name, group in pids.items()}
+    wall = time.monotonic() - wall_start
     stop.set()
-    reports = [Received(r) for r in out.get(timeout=300)]
-    process.join(30)
+    reports = [Received(r) for _ in processes for r in out.get(timeout=300)]
+    for process in processes:
+        process.join(30)
     thread.join(5)
     report(reports, commits, pushes, rss_idle, rss_samples)
+    print(
+        f"CPU during the polls and grace ({wall:.0f} s wall × {os.cpu_count()} cores): "
+        + ", ".join(f"{name} {used:.1f} s" for name, used in cpu.items())
+    )
 
 
 def report(
