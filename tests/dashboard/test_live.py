@@ -279,6 +279,14 @@ def _refusing_row_frames(app: Any) -> Any:
     return wrapped
 
 
+async def _told_stopped_and_closed(communicator: WebsocketCommunicator) -> None:
+    """The page heard live updates stopped, then its socket closed with CLOSE_SEND_FAILED."""
+    told = json.loads(await communicator.receive_from(timeout=3))
+    assert told == {"stopped": {"reason": "a live update could not be sent"}}
+    closed = await communicator.receive_output(timeout=3)
+    assert closed == {"type": "websocket.close", "code": consumers.CLOSE_SEND_FAILED}
+
+
 @pytest.mark.django_db(transaction=True)
 def test_a_failed_send_is_told_to_the_page_and_logged_once(
     caplog: pytest.LogCaptureFixture,
@@ -295,10 +303,7 @@ def test_a_failed_send_is_told_to_the_page_and_logged_once(
             clients.append(communicator)
         await layer.group_send(BOARD_GROUP, _rows({1: _tr(1, 1)}))
         for communicator in clients:
-            told = json.loads(await communicator.receive_from(timeout=3))
-            assert told == {"stopped": {"reason": "a live update could not be sent"}}
-            closed = await communicator.receive_output(timeout=3)
-            assert closed == {"type": "websocket.close", "code": consumers.CLOSE_SEND_FAILED}
+            await _told_stopped_and_closed(communicator)
         await asyncio.sleep(consumers.FAILURE_LOG_WINDOW_S + 0.3)
         # Nothing more goes to a stopped client.
         await layer.group_send(BOARD_GROUP, _rows({1: _tr(1, 2)}))
@@ -399,10 +404,7 @@ def test_a_failing_channel_layer_is_told_to_every_page_and_logged_once(
         broken.set()
         await layer.group_send(BOARD_GROUP, _rows({1: _tr(1, 1)}))
         for page in pages:
-            told = json.loads(await page.receive_from(timeout=3))
-            assert told == {"stopped": {"reason": "a live update could not be sent"}}
-            closed = await page.receive_output(timeout=3)
-            assert closed == {"type": "websocket.close", "code": consumers.CLOSE_SEND_FAILED}
+            await _told_stopped_and_closed(page)
             await page.wait()
         broken.clear()
         again = await _board(cookie)

@@ -34,6 +34,31 @@ def live_channel(queue: str) -> Any:
     return channel
 
 
+def watched_board(tab: Any) -> tuple[Any, list[str], list[str]]:
+    """Otto signed in on the board with its socket open, and the text frames the board's
+    sockets receive and send from before it opened."""
+    tab.sign_in("otto", PASSWORD)
+    tab.go("/channels/")  # signing in landed on the board: leave it before watching sockets
+    received, sent = board_frames(tab)
+    tab.go("/")
+    tab.wait_until(lambda: tab.page.evaluate("document.getElementById('board').__dloOpen"))
+    return tab, received, sent
+
+
+def board_frames(tab: Any) -> tuple[list[str], list[str]]:
+    """The text frames the page's board sockets receive and send, from now on."""
+    received: list[str] = []
+    sent: list[str] = []
+
+    def watch(ws: Any) -> None:
+        if "/ws/board/" in ws.url:
+            ws.on("framereceived", lambda p: received.append(p if isinstance(p, str) else ""))
+            ws.on("framesent", lambda p: sent.append(p if isinstance(p, str) else ""))
+
+    tab.page.on("websocket", watch)
+    return received, sent
+
+
 def test_board_row_turns_stopped_live(journey: Any, rabbit: tuple[Any, str]) -> None:
     amqp, queue = rabbit
     channel = live_channel(queue)
@@ -267,18 +292,7 @@ def test_a_row_patch_sets_the_cells_and_a_hostile_name_stays_text(
         alert_dlq_depth=None,
     )
     off_loop(do_poll_broker, broker.pk, force=True)
-    tab = journey("oncall-live-patch")
-    tab.sign_in("otto", PASSWORD)
-    tab.go("/channels/")
-    frames: list[str] = []
-
-    def watch(ws: Any) -> None:
-        if "/ws/board/" in ws.url:
-            ws.on("framereceived", lambda p: frames.append(p if isinstance(p, str) else p.decode()))
-
-    tab.page.on("websocket", watch)
-    tab.go("/")
-    tab.wait_until(lambda: tab.page.evaluate("document.getElementById('board').__dloOpen"))
+    tab, frames, _ = watched_board(journey("oncall-live-patch"))
     row = tab.page.locator(f"#ch-{channel.pk}")
     backlog = row.locator("td[data-label='Backlog']")
     published = 0
@@ -310,20 +324,7 @@ def test_a_row_loaded_over_http_is_patched_and_one_at_another_version_is_asked_f
     for i in range(4):
         amqp.basic_publish("", queue, f'{{"n": {i}}}'.encode())
     off_loop(do_poll_broker, channel.broker.pk, force=True)  # a new state: the row settles
-    tab = journey("oncall-live-versions")
-    tab.sign_in("otto", PASSWORD)
-    tab.go("/channels/")
-    received: list[str] = []
-    sent: list[str] = []
-
-    def watch(ws: Any) -> None:
-        if "/ws/board/" in ws.url:
-            ws.on("framereceived", lambda p: received.append(p if isinstance(p, str) else ""))
-            ws.on("framesent", lambda p: sent.append(p if isinstance(p, str) else ""))
-
-    tab.page.on("websocket", watch)
-    tab.go("/")
-    tab.wait_until(lambda: tab.page.evaluate("document.getElementById('board').__dloOpen"))
+    tab, received, sent = watched_board(journey("oncall-live-versions"))
     row = tab.page.locator(f"#ch-{channel.pk}")
     backlog = row.locator("td[data-label='Backlog']")
     expect(backlog).to_have_text("4")
