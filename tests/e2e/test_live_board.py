@@ -196,7 +196,8 @@ def test_the_page_says_when_live_updates_stop_and_reloads_its_rows(
 ) -> None:
     """Issue 29: the server could not send an update and said so (``stopped``, then close
     4500): the page shows it and reloads its rows at once, then keeps refreshing."""
-    from dashboard.board.consumers import CLOSE_SEND_FAILED, notice
+    from dashboard.board.consumers import CLOSE_SEND_FAILED
+    from dashboard.board.mirror import notice
 
     _, queue = rabbit
     live_channel(queue)
@@ -239,7 +240,7 @@ def test_a_sample_time_in_a_frame_of_rows_moves_the_age_and_the_page_acks_once(
 ) -> None:
     """Issue 29: a poll's sample time rides after its rows as ``<!--dlo {...}-->``; the page
     moves its broker's "last sample" times from it, and acknowledges the message ("ack N")."""
-    from dashboard.board.consumers import folded, notice
+    from dashboard.board.mirror import folded, notice
 
     _, queue = rabbit
     channel = live_channel(queue)
