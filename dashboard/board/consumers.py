@@ -335,26 +335,32 @@ class BoardConsumer(AsyncWebsocketConsumer):
                 self.owed[int(part)] = None
         if len(self.owed) > OWED_MAX:
             self.owed.clear()
-            self.cursor = self.mirror.seq
-            if self.view is not None:
-                self.view.rejoin(self.cursor)
-            await self._send(notice("reload", reason="too many rows asked for"))
+            await self._reload("too many rows asked for")
             return
         await self.flush()
 
-    def _owed_frames(self) -> list[tuple[str, list[int]]]:
+    async def _reload(self, reason: str) -> None:
+        """Tell the page to reload its rows over HTTP: everything before now is in them."""
+        self.cursor = self.mirror.seq
+        if self.view is not None:
+            self.view.rejoin(self.cursor)
+        await self._send(notice("reload", reason=reason))
+
+    def _owed_frames(self) -> tuple[list[tuple[str, list[int]]], bool]:
         """The rows owed, whole as this process last had them, in frames of at most
-        ``FRAME_BYTES``, each with the ids it carries. A row this client may not see, or that
-        this process does not hold, is dropped from what is owed (none of its versions came
-        from here: the page's row is from HTTP or another process, and a reload fixes it)."""
+        ``FRAME_BYTES``, each with the ids it carries; and whether a row asked for is not held
+        here (evicted, or never pushed through this process): the page must reload its rows.
+        A row this client may not see is dropped from what is owed."""
         frames: list[tuple[str, list[int]]] = []
         parts: list[str] = []
         ids: list[int] = []
         size = 0
+        missing = False
         team, broker = self.filters["team"], self.filters["broker"]
         for pk in list(self.owed):
             version = self.mirror.rows.get(pk)
             if version is None or not version.is_row or not version.shown(team, broker):
+                missing = missing or version is None
                 del self.owed[pk]
                 continue
             n = len(version.payload)
@@ -366,7 +372,7 @@ class BoardConsumer(AsyncWebsocketConsumer):
             size += n
         if parts:
             frames.append(("".join(parts), ids))
-        return frames
+        return frames, missing
 
     def _account(self, in_flight: int) -> None:
         """Record ``in_flight`` bytes as this client's: its share of EXTRA follows."""
@@ -402,7 +408,12 @@ class BoardConsumer(AsyncWebsocketConsumer):
             return
         if self.in_flight and not self._fits(1):
             return
-        for text, ids in self._owed_frames() if self.owed else ():
+        owed_frames, missing = self._owed_frames() if self.owed else ([], False)
+        if missing:  # a row asked for is not here: the page's rows come over HTTP
+            self.owed.clear()
+            await self._reload("a row asked for is not held")
+            return
+        for text, ids in owed_frames:
             if not self._fits(len(text)) or not await self._send(text):
                 return
             for pk in ids:
@@ -411,10 +422,7 @@ class BoardConsumer(AsyncWebsocketConsumer):
             return
         if self.cursor < self.mirror.floor:
             # Versions this client still needed were evicted: its rows come over HTTP.
-            self.cursor = self.mirror.seq
-            if self.view is not None:
-                self.view.rejoin(self.cursor)
-            await self._send(notice("reload", reason="too far behind"))
+            await self._reload("too far behind")
             return
         frames, end = self.mirror.frames(
             self.cursor, self.filters["team"], self.filters["broker"], self.view

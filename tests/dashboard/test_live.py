@@ -773,8 +773,8 @@ def test_a_server_process_started_after_a_version_still_sends_the_pushers_patch(
 def test_a_page_whose_row_is_another_version_gets_it_whole_when_it_asks() -> None:
     """Issue 29: the page found its row at another version than a patch starts from and asks
     for it (``rows N,M``): it gets this process's latest version whole, in bounded frames;
-    rows it may not see, unknown ids and junk are ignored; a page that takes no patches
-    cannot ask."""
+    rows it may not see and junk are ignored; a row the process does not hold makes the page
+    reload its rows; a page that takes no patches cannot ask."""
     cookie = _cookie(make_user("vera", "viewer"))
     layer = get_channel_layer()
     message = _rows({9003: _board_row(9003, 1), 9004: _board_row(9004, 1)})
@@ -795,9 +795,15 @@ def test_a_page_whose_row_is_another_version_gets_it_whole_when_it_asks() -> Non
         await page.send_to(text_data="ack")
         await older.receive_from(timeout=3)
         await older.send_to(text_data="ack")
-        await page.send_to(text_data="rows 9003,9004,12345,x,-1,9003")
+        await page.send_to(text_data="rows 9003,9004,x,-1,9003")
         assert await page.receive_from(timeout=3) == _board_row(9003, 2)
         assert await page.receive_nothing(timeout=0.3)
+        await page.send_to(text_data="ack")
+        # A row this process does not hold (evicted, or never pushed through it): the page
+        # reloads its rows over HTTP rather than keep a row nobody will send.
+        await page.send_to(text_data="rows 12345")
+        told = json.loads(await page.receive_from(timeout=3))
+        assert told == {"reload": {"reason": "a row asked for is not held"}}
         await page.send_to(text_data="ack")
         await older.send_to(text_data="rows 9003")
         assert await older.receive_nothing(timeout=0.3)
