@@ -193,6 +193,11 @@ WINDOW_S = 600.0
 MIN_POINTS = 4
 SLOPE_MAX_POINTS = 24
 STALL_MIN_S = 60.0
+#: IDLE needs nothing to move for at least this long, whatever the stall window: counters
+#: that move in steps stand still between them (RabbitMQ's statistics: every 5 s by default),
+#: so a stall window set near that step (``DLO_HEALTH_STALL_S=5``) called a busy new queue
+#: IDLE. Twice the step, and a few seconds more.
+IDLE_MIN_S = 15.0
 EXIT_RATIO = 0.8
 DEFAULT_DLQ_AGE_S = 3600
 
@@ -560,12 +565,13 @@ def _trend_state(
         )
         return HealthState.UNKNOWN
     if w.waiting == 0 and not w.produced and not w.acks and backlog is not None:
-        if w.span < w.stall_s:
+        needs = max(w.stall_s, IDLE_MIN_S)
+        if w.span < needs:
             # Counters that move in steps (RabbitMQ's statistics: every 5 s) stand still over
             # a short history: that is not yet evidence of no traffic.
             evidence.append(
                 f"Nothing waiting; no traffic seen in the {fmt_duration(w.span)} sampled so far,"
-                f" too short to call it idle (needs {fmt_duration(w.stall_s)})."
+                f" too short to call it idle (needs {fmt_duration(needs)})."
             )
             return HealthState.UNKNOWN
         evidence.append("Nothing waiting and no traffic in the window.")

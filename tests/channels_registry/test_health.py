@@ -320,6 +320,25 @@ def test_no_traffic_counter_is_unknown_never_idle() -> None:
     assert result.evidence[0].startswith("Traffic unknown")
 
 
+def test_idle_needs_more_than_a_statistics_step_even_with_a_short_stall_window() -> None:
+    """RabbitMQ's counters move every 5 s: with a 5 s stall window, eight polls a second
+    apart in which nothing moved were called IDLE on a busy new queue (the truth harness,
+    ``TRUTH_STALL_S=5``). Nothing moving needs IDLE_MIN_S (15 s) before it is idle."""
+    from channels_registry.health import IDLE_MIN_S
+
+    def points(n: int) -> list[Point]:
+        return [
+            Point(t=NOW - (n - 1 - i), backlog=0, in_flight=0, produced=7, acked=7, consumers=1)
+            for i in range(n)
+        ]
+
+    short = evaluate(points(9), THRESHOLDS, now=NOW, stale_after_s=60, stall_s=5)
+    assert short.state == HealthState.UNKNOWN
+    assert "too short to call it idle (needs 15 s)" in short.evidence[0]
+    enough = evaluate(points(int(IDLE_MIN_S) + 2), THRESHOLDS, now=NOW, stale_after_s=60, stall_s=5)
+    assert enough.state == HealthState.IDLE
+
+
 def test_idle_needs_a_history_as_long_as_the_stall_window() -> None:
     points = history(3, backlog=0, in_flight=0, produced=7, acked=7, consumers=1)
     assert assess(points).state == HealthState.UNKNOWN  # 30 s of stillness is not idle yet
