@@ -7,11 +7,12 @@ so a deep page costs what the first one does (no COUNT, no OFFSET).
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlencode
 
 from django import forms
-from django.db.models import QuerySet
+from django.db.models import Q, QuerySet
 
 from audit.models import AuditEvent, Outcome
 
@@ -43,6 +44,18 @@ _LOOKUPS = {
     "since": "created_at__gte",
     "until": "created_at__lt",
 }
+
+
+#: Finders of events that record something about a target without naming it as theirs: a
+#: relay batch's record (target: the plan) lists each entry's outcome. ``finder(target_type,
+#: target_id)`` returns those events' ids (bounded); registered by the apps that write them
+#: (``DlqConfig.ready``), so this layer imports none of them.
+_RELATED: list[Callable[[str, str], list[int]]] = []
+
+
+def register_related(finder: Callable[[str, str], list[int]]) -> None:
+    if finder not in _RELATED:
+        _RELATED.append(finder)
 
 
 class AuditFilterForm(forms.Form):
@@ -96,7 +109,9 @@ class AuditFilterForm(forms.Form):
         return cleaned
 
     def apply(self, events: QuerySet[AuditEvent]) -> QuerySet[AuditEvent]:
-        """``events`` narrowed by the valid filters (not by the ``before`` cursor)."""
+        """``events`` narrowed by the valid filters (not by the ``before`` cursor). A target
+        filter also matches the events that record something about that target under another
+        one (``register_related``: a relay batch's record for each entry it lists)."""
         data = self.cleaned_data
         lookups = {lookup: data[name] for name, lookup in _LOOKUPS.items() if data.get(name)}
         action = data.get("action") or ""
@@ -104,7 +119,15 @@ class AuditFilterForm(forms.Form):
             lookups["action__startswith"] = action[:-1]
         elif action:
             lookups["action"] = action
-        return events.filter(**lookups)
+        target_id = lookups.pop("target_id", "")
+        if not target_id:
+            return events.filter(**lookups)
+        target_type = lookups.pop("target_type", "")
+        target = Q(target_id=target_id) & (Q(target_type=target_type) if target_type else Q())
+        related = [pk for finder in _RELATED for pk in finder(target_type, target_id)]
+        if related:
+            target |= Q(pk__in=related)
+        return events.filter(target, **lookups)
 
     @property
     def cursor(self) -> int | None:

@@ -24,11 +24,19 @@ from audit.status import latest_checkpoint, log_status
 from audit.witnessing import latest_cosignature
 from dashboard.http import HtmxHttpRequest
 
+# A long list (a relay batch's record lists up to 2,000 messages) shows its first items only.
+LIST_SHOWN = 10
+
 
 def _text(value: Any) -> str:
-    """A stored JSON value as display text (the template escapes it)."""
+    """A stored JSON value as display text (the template escapes it); a list of more than
+    ``LIST_SHOWN`` items is cut, saying how many more the record holds."""
     if isinstance(value, str):
         return value
+    if isinstance(value, list) and len(value) > LIST_SHOWN:
+        shown = json.dumps(value[:LIST_SHOWN], sort_keys=True, ensure_ascii=False)
+        more = len(value) - LIST_SHOWN
+        return f"{shown[:-1]}, … {more:,} more (the whole record: export or API)]"
     return json.dumps(value, sort_keys=True, ensure_ascii=False)
 
 

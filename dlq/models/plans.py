@@ -215,6 +215,17 @@ class ReplayItem(models.Model):
     last_error = models.TextField(blank=True)
     next_attempt_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
+    # The relay batch's audit record that lists this item's terminal outcome
+    # (``OUTCOME_ACTION``, ``dlq.plans.relay_outcomes``); written with the outcome.
+    outcome_event = models.ForeignKey(
+        "audit.AuditEvent",
+        on_delete=models.DO_NOTHING,
+        null=True,
+        blank=True,
+        db_constraint=False,
+        db_index=False,
+        related_name="+",
+    )
 
     class Meta:
         ordering = ["plan", "position"]
@@ -227,6 +238,45 @@ class ReplayItem(models.Model):
 
     def __str__(self) -> str:
         return f"item {self.pk} of plan {self.plan_id}"
+
+
+#: A relay batch's one audit record (target: the plan): every message of the batch that reached
+#: a terminal outcome, as rows of ``OUTCOME_FIELDS`` under ``after["messages"]``.
+OUTCOME_ACTION = "dlq.replay.outcomes"
+
+
+OUTCOME_FIELDS = ("entry", "item", "replay_id", "attempts", "outcome", "error")
+
+
+def outcome_in(after: object, entry_id: int) -> dict[str, object] | None:
+    """What a batch record's ``after`` says about one entry (a dict of ``OUTCOME_FIELDS``), or
+    None when the record does not list it (or is not such a record)."""
+    if not isinstance(after, dict) or not isinstance(after.get("messages"), list):
+        return None
+    fields = after.get("fields")
+    if not isinstance(fields, list) or not fields or fields[0] != "entry":
+        return None
+    for row in after["messages"]:
+        if isinstance(row, list) and row and row[0] == entry_id:
+            return dict(zip(fields, row, strict=False))
+    return None
+
+
+def outcome_records(target_type: str, target_id: str) -> list[int]:
+    """The relay batch records that list a dead letter's outcomes (``audit.filters``'s related
+    events for an entry): one per plan that replayed it, newest ``RELATED_MAX``."""
+    if target_type not in ("", "dlq.deadletter") or not (
+        target_id.isascii() and target_id.isdigit() and len(target_id) < 19
+    ):
+        return []
+    return list(
+        ReplayItem.objects.filter(entry_id=int(target_id), outcome_event__isnull=False)
+        .order_by("-id")
+        .values_list("outcome_event_id", flat=True)[:RELATED_MAX]
+    )
+
+
+RELATED_MAX = 100
 
 
 #: The header a replay carries: ``<plan>-<item>-<attempt>`` (``parse_replay_id``).

@@ -1,6 +1,15 @@
 """Recording a published batch's outcomes (step 4 of ``dlq.plans.relay``): confirmed, retried
 after a capped exponential backoff with jitter, or failed for good, in one transaction with
-one audit event per terminal outcome."""
+one audit record for the batch.
+
+The batch's record (``dlq.replay.outcomes``, target the plan) lists every message that reached
+a terminal outcome in it: entry, item, replay id, attempt, outcome and the broker's refusal
+text where there was one (``OUTCOME_FIELDS``). It is hashed, MACed and sealed as one event, so
+it commits to each message's outcome as the per-entry events did; each item keeps the id of
+the record that holds its outcome (``ReplayItem.outcome_event``), which is how an entry's page,
+the audit filters (``target_id``) and ``audit export --target-id`` find it. One record per
+batch instead of one per entry: recording and sealing an event per message cost more than the
+message's own outcome (docs/performance.md, "Replay")."""
 
 from __future__ import annotations
 
@@ -13,10 +22,11 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
-from audit.actions import Actor, EventSpec, record_many
-from audit.batch import record_uniform
+from audit.actions import Actor, record
+from audit.models import Outcome
 from brokers.base import PublishOutcome
 from dlq.models import DeadLetter, ItemStatus, ReplayItem, ReplayPlan, Status
+from dlq.models.plans import OUTCOME_ACTION, OUTCOME_FIELDS
 
 BACKOFF_BASE_S = 1.0
 
@@ -82,14 +92,16 @@ def record_outcomes(
     actor: Actor,
     slug: str | None = None,
 ) -> tuple[int, int]:
-    """Step 4: one transaction for the batch's outcomes. Returns (confirmed, failed). The
-    groups' open counts are not recounted here (see ``_Pipeline.recount``)."""
+    """Step 4: one transaction for the batch's outcomes and their one audit record. Returns
+    (confirmed, failed). The groups' open counts are not recounted here (see
+    ``_Pipeline.recount``)."""
     now = timezone.now()
     batch = _sort_outcomes(plan, items, outcomes, now)
     slug = plan.channel.slug if slug is None else slug
     with transaction.atomic():
-        n_ok = _record_confirmed(plan, batch.ok, now, actor, slug)
-        _record_failed(plan, batch.failed, now, actor, slug)
+        event_id = _record_batch(plan, batch, actor, slug)
+        n_ok = _record_confirmed(batch.ok, now, event_id)
+        _record_failed(batch.failed, now, event_id)
         if batch.retry:
             ReplayItem.objects.bulk_update(
                 batch.retry, ["status", "next_attempt_at", "last_error", "replay_id", "attempts"]
@@ -100,65 +112,62 @@ def record_outcomes(
     return n_ok, len(batch.failed)
 
 
-def _outcome_event(plan: ReplayPlan, action: str, slug: str, **extra: Any) -> EventSpec:
-    """The shared part of a batch's per-entry outcome events (``record_uniform``)."""
-    after = {"plan": plan.pk, "item": 0, "replay_id": "", "attempts": 0,
-             "target": plan.target_display}  # fmt: skip
-    return EventSpec(action, "dlq.deadletter", 0, "", slug, after=after, **extra)
+def _record_batch(plan: ReplayPlan, batch: _Outcomes, actor: Actor, slug: str) -> int | None:
+    """The batch's one audit record (see the module docstring); None when no message of the
+    batch reached a terminal outcome (only retries)."""
+    if not batch.ok and not batch.failed:
+        return None
+    messages: list[list[Any]] = [
+        [i.entry_id, i.pk, i.replay_id, i.attempts, "replayed", ""] for i in batch.ok
+    ]
+    messages += [[i.entry_id, i.pk, i.replay_id, i.attempts, "failed", reason]
+                 for i, reason in batch.failed]  # fmt: skip
+    messages.sort(key=lambda m: m[1])  # item order: the same text for the same outcomes
+    reason = ""
+    if batch.failed:
+        reason = f"{len(batch.failed)} failed for good; first: {batch.failed[0][1]}"[:2000]
+    event = record(
+        OUTCOME_ACTION,
+        actor=actor,
+        target_type=ReplayPlan._meta.label_lower,
+        target_id=plan.pk,
+        target_repr=str(plan),
+        channel_slug=slug,
+        reason=reason,
+        after={
+            "plan": plan.pk,
+            "target": plan.target_display,
+            "replayed": len(batch.ok),
+            "failed": len(batch.failed),
+            "fields": list(OUTCOME_FIELDS),
+            "messages": messages,
+        },
+        outcome=Outcome.FAILED if batch.failed else Outcome.SUCCESS,
+    )
+    return event.pk
 
 
-_PER_ENTRY = ("item", "replay_id", "attempts")
-
-
-def _record_confirmed(
-    plan: ReplayPlan, ok: list[ReplayItem], now: dt.datetime, actor: Actor, slug: str
-) -> int:
-    """Confirmed items: item CONFIRMED, entry REPLAYED, one event each (set-based)."""
+def _record_confirmed(ok: list[ReplayItem], now: dt.datetime, event_id: int | None) -> int:
+    """Confirmed items: item CONFIRMED (with its record), entry REPLAYED (set-based)."""
     if not ok:
         return 0
     # Only items still SENDING (a concurrent cancel never touches those, see actions).
     n_ok = ReplayItem.objects.filter(pk__any=[i.pk for i in ok], status=ItemStatus.SENDING).update(
-        status=ItemStatus.CONFIRMED, finished_at=now, last_error=""
+        status=ItemStatus.CONFIRMED, finished_at=now, last_error="", outcome_event=event_id
     )
     DeadLetter.objects.filter(pk__any=[i.entry_id for i in ok]).update(status=Status.REPLAYED)
-    record_uniform(
-        _outcome_event(plan, "dlq.replay.replayed", slug),
-        _PER_ENTRY,
-        [(i.entry_id, f"dead letter #{i.entry_id}", i.pk, i.replay_id, i.attempts) for i in ok],
-        actor=actor,
-    )
     return n_ok
 
 
 def _record_failed(
-    plan: ReplayPlan,
-    failed: list[tuple[ReplayItem, str]],
-    now: dt.datetime,
-    actor: Actor,
-    slug: str,
+    failed: list[tuple[ReplayItem, str]], now: dt.datetime, event_id: int | None
 ) -> None:
-    """Items failed for good: item and entry FAILED with the reason, one event each."""
+    """Items failed for good: item and entry FAILED, the item with the reason."""
     for item, reason in failed:
         ReplayItem.objects.filter(pk=item.pk, status=ItemStatus.SENDING).update(
-            status=ItemStatus.FAILED, finished_at=now, last_error=reason
+            status=ItemStatus.FAILED, finished_at=now, last_error=reason, outcome_event=event_id
         )
     if failed:
         DeadLetter.objects.filter(pk__any=[i.entry_id for i, _ in failed]).update(
             status=Status.FAILED
         )
-    specs = [
-        dataclasses.replace(
-            _outcome_event(plan, "dlq.replay.failed", slug, reason=reason, outcome="failed"),
-            target_id=i.entry_id,
-            target_repr=f"dead letter #{i.entry_id}",
-            after={
-                "plan": plan.pk,
-                "item": i.pk,
-                "replay_id": i.replay_id,
-                "attempts": i.attempts,
-                "target": plan.target_display,
-            },
-        )  # fmt: skip
-        for i, reason in failed
-    ]
-    record_many(specs, actor=actor)

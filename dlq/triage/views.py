@@ -19,6 +19,7 @@ from dashboard.html import channel_filter
 from dashboard.http import HtmxHttpRequest
 from dlq.capture import trends
 from dlq.models import DeadLetter, ReplayItem, ReplayPlan, Source, Status
+from dlq.models.plans import OUTCOME_ACTION, outcome_in
 from dlq.text import redaction
 from dlq.text import render as body_render
 from dlq.triage.access import (
@@ -153,9 +154,10 @@ HISTORY_PLANS = 20
 
 def entry_history(entry: DeadLetter) -> list[AuditEvent]:
     """The entry's audit events and, for the plans that held it (the newest
-    ``HISTORY_PLANS``), the request of the chunk it was frozen in: a plan audits its request
-    once per chunk (``dlq.plans.freeze``), not once per entry. Newest first, at most
-    ``HISTORY_SHOWN``."""
+    ``HISTORY_PLANS``), the request of the chunk it was frozen in and the relay batch's record
+    of its outcome: a plan audits its request once per chunk (``dlq.plans.freeze``) and its
+    outcomes once per relay batch (``dlq.plans.relay_outcomes``), not once per entry (``about``
+    reads this entry's line of such a record). Newest first, at most ``HISTORY_SHOWN``."""
     shown = Q(target_type="dlq.deadletter", target_id=str(entry.pk))
     items = ReplayItem.objects.filter(entry=entry).select_related("plan").order_by("-id")
     for item in items[:HISTORY_PLANS]:
@@ -166,7 +168,26 @@ def entry_history(entry: DeadLetter) -> list[AuditEvent]:
             after__first_position__lte=item.position,
             after__last_position__gte=item.position,
         )
-    return list(AuditEvent.objects.filter(shown).order_by("-seq", "-id")[:HISTORY_SHOWN])
+        if item.outcome_event_id is not None:
+            shown |= Q(pk=item.outcome_event_id)
+    return list(
+        AuditEvent.objects.filter(shown)
+        .defer("detail_json", "before", "changes")
+        .order_by("-seq", "-id")[:HISTORY_SHOWN]
+    )
+
+
+def about(event: AuditEvent, entry_id: int) -> str:
+    """One entry's line of a relay batch's record ("replayed, attempt 1, replay id 5:9:1")."""
+    if event.action != OUTCOME_ACTION:
+        return ""
+    mine = outcome_in(event.after, entry_id)
+    if mine is None:
+        return "does not list this entry"
+    text = (
+        f"{mine.get('outcome')}, attempt {mine.get('attempts')}, replay id {mine.get('replay_id')}"
+    )
+    return f"{text}: {mine['error']}" if mine.get("error") else text
 
 
 def _detail_context(request: HtmxHttpRequest, entry: DeadLetter, revealed: bool) -> dict[str, Any]:
@@ -176,7 +197,7 @@ def _detail_context(request: HtmxHttpRequest, entry: DeadLetter, revealed: bool)
     header_rows, headers_hidden = body_render.header_rows(headers)
     body = entry.body if entry.body is None else bytes(entry.body)
     rendered = body_render.render_body(body, channel, redact=redact)
-    history = entry_history(entry)
+    history = [(event, about(event, entry.pk)) for event in entry_history(entry)]
     return {
         "entry": entry,
         "channel": channel,

@@ -19,6 +19,7 @@ from brokers.base import (
 from brokers.base import PublishOutcome as Outcome
 from dlq.capture import adapters
 from dlq.models import DeadLetter, PlanStatus, ReplayPlan
+from dlq.models.plans import OUTCOME_ACTION, OUTCOME_FIELDS
 from dlq.plans import freeze, relay, relay_outcomes
 from dlq.plans.actions import do_create_plan
 from dlq.plans.preview import Selection
@@ -111,3 +112,19 @@ def plan_for(
     if plan.status == PlanStatus.FREEZING:  # a large selection: the background job's part
         plan = freeze.freeze_to_end(plan.pk)
     return plan
+
+
+def recorded_outcomes(outcome: str | None = None) -> list[dict[str, Any]]:
+    """Every message outcome the relay batches' audit records list (``OUTCOME_FIELDS`` each,
+    plus the record's ``event``), oldest record first; ``outcome``: only those."""
+    from audit.models import AuditEvent
+
+    rows = []
+    for event in AuditEvent.objects.filter(action=OUTCOME_ACTION).order_by("id"):
+        after = event.after
+        assert isinstance(after, dict) and after["fields"] == list(OUTCOME_FIELDS)
+        for message in after["messages"]:
+            row = dict(zip(OUTCOME_FIELDS, message, strict=True), event=event)
+            if outcome is None or row["outcome"] == outcome:
+                rows.append(row)
+    return rows

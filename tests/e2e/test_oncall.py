@@ -146,9 +146,12 @@ def test_oncall_triages_and_replays_a_failure_group(journey: Any, rabbit: tuple[
     actions = list(AuditEvent.objects.values_list("action", flat=True))
     assert "dlq.replay.plan" in actions or any(a.startswith("dlq.replay.") for a in actions)
     assert actions.count("dlq.replay.request") == 1
-    assert actions.count("dlq.replay.replayed") == 3
+    # One audit record for the relay's batch, listing each of the three entries' outcome.
+    records = AuditEvent.objects.filter(action="dlq.replay.outcomes")
+    assert sorted(m[4] for r in records for m in r.after["messages"]) == ["replayed"] * 3
     tab.go(f"/dead-letters/{hostile.pk}/")
     history = page.locator("main").inner_text()
-    assert "dlq.replay.request" in history and "dlq.replay.replayed" in history
+    assert "dlq.replay.request" in history and "dlq.replay.outcomes" in history
+    assert "this entry: replayed, attempt 1" in history
     tab.shot("6-entry-history")
     tab.check_clean()

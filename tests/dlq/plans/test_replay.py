@@ -3,6 +3,7 @@ recording publisher (the real brokers are in test_replay_brokers.py)."""
 
 from __future__ import annotations
 
+import collections
 from typing import Any
 
 import pytest
@@ -16,6 +17,7 @@ from brokers.base import OutgoingMessage
 from brokers.base import PublishOutcome as Outcome
 from channels_registry.models import ChannelHealth
 from dlq.models import DeadLetter, ItemStatus, PlanStatus, ReplayItem, ReplayPlan, Status
+from dlq.models.plans import OUTCOME_ACTION
 from dlq.plans import freeze, relay
 from dlq.plans.actions import (
     PlanRefused,
@@ -26,7 +28,7 @@ from dlq.plans.actions import (
 )
 from dlq.plans.preview import Selection, build_preview, ids_digest
 from dlq.plans.relay_items import orphaned_plans
-from dlq.triage.views import entry_history
+from dlq.triage.views import about, entry_history
 from tests.conftest import client_for, make_channel, make_user
 from tests.dlq import replay_helpers
 from tests.dlq.conftest import letter, store
@@ -312,8 +314,10 @@ def test_unroutable_is_retried_then_failed_with_the_reason(
     assert ids == [f"{plan.pk}:{first_item.pk}:{n}" for n in (1, 2, 3)]
     assert DeadLetter.objects.get(pk=first_item.entry_id).status == Status.FAILED
     assert DeadLetter.objects.get(pk=entries[1].pk).status == Status.REPLAYED
-    failed = AuditEvent.objects.get(action="dlq.replay.failed")
-    assert failed.outcome == "failed" and "NO_ROUTE" in failed.reason
+    [failed] = replay_helpers.recorded_outcomes("failed")
+    assert failed["entry"] == first_item.entry_id and "NO_ROUTE" in failed["error"]
+    # The batch that held the failure says so in its outcome and reason.
+    assert failed["event"].outcome == "failed" and "NO_ROUTE" in failed["event"].reason
     _assert_one_request_and_one_outcome_each(entries)
 
 
@@ -426,7 +430,7 @@ def test_cancel_returns_unsent_entries_to_new(oncall: User, publisher: Recording
     assert set(DeadLetter.objects.values_list("status", flat=True)) == {Status.NEW}
     assert relay.run_plan(plan.pk).claimed is False
     assert publisher.sent == []
-    _assert_one_request_and_one_outcome_each(entries, terminal=("dlq.replay.cancelled",))
+    _assert_one_request_and_one_outcome_each(entries, cancelled=True)
     with pytest.raises(PlanRefused):
         do_cancel_plan(plan.pk, actor=Actor.for_user(oncall))
 
@@ -519,13 +523,20 @@ def test_the_periodic_relay_picks_up_orphaned_plans(
 
 
 def _assert_one_request_and_one_outcome_each(
-    entries: list[DeadLetter],
-    terminal: tuple[str, ...] = ("dlq.replay.replayed", "dlq.replay.failed"),
+    entries: list[DeadLetter], cancelled: bool = False
 ) -> None:
+    """Each entry's page shows its chunk's request and exactly one terminal outcome: its line
+    in one relay batch record (``about``), or its own cancellation event."""
     for entry in entries:
-        history = entry_history(entry)  # the entry's events and its chunk's request
+        history = entry_history(entry)  # the entry's events, its chunk's request, its outcome
         assert [e.action for e in history].count("dlq.replay.request") == 1
-        assert sum(e.action in terminal for e in history) == 1
+        lines = [about(e, entry.pk) for e in history if e.action == OUTCOME_ACTION]
+        if cancelled:
+            assert lines == [] and [e.action for e in history].count("dlq.replay.cancelled") == 1
+        else:
+            assert len(lines) == 1 and lines[0].startswith(("replayed", "failed")), lines
+    listed = collections.Counter(o["entry"] for o in replay_helpers.recorded_outcomes())
+    assert set(listed.values()) <= {1}  # no entry's outcome recorded twice
     _assert_chain_intact()
 
 

@@ -192,9 +192,13 @@ def _assert_every_entry_accounted_for(fault: dict[str, Any], crashes: int) -> in
             conn.execute("SELECT status, count(*) FROM dlq_deadletter GROUP BY status").fetchall()
         )
         items = conn.execute("SELECT id, status, replay_id FROM dlq_replayitem").fetchall()
-        audit = conn.execute(
-            "SELECT target_id, action FROM audit_auditevent WHERE target_type = 'dlq.deadletter'"
-        ).fetchall()
+        audit = [
+            (str(message[0]), message[4])
+            for (after,) in conn.execute(
+                "SELECT after FROM audit_auditevent WHERE action = 'dlq.replay.outcomes'"
+            ).fetchall()
+            for message in after["messages"]
+        ]
         [(requested,)] = conn.execute(
             "SELECT sum((after->>'entries')::int) FROM audit_auditevent "
             "WHERE action = 'dlq.replay.request'"
@@ -211,10 +215,7 @@ def _assert_every_entry_accounted_for(fault: dict[str, Any], crashes: int) -> in
     per_entry = collections.Counter((t, a) for t, a in audit)
     assert requested == COUNT  # the chunks' request events cover every entry once
     for entry_id in {t for t, _ in audit}:
-        terminal = (
-            per_entry[(entry_id, "dlq.replay.replayed")]
-            + per_entry[(entry_id, "dlq.replay.failed")]
-        )
+        terminal = per_entry[(entry_id, "replayed")] + per_entry[(entry_id, "failed")]
         assert terminal == 1
     assert len({t for t, _ in audit}) == COUNT
     verify = subprocess.run(
