@@ -8,6 +8,10 @@ batch, commit, then ack, then the search index), versus a bare pika consume + mu
 loop over the same N messages on the same queue. Peer and project run interleaved
 ``BENCH_ROUNDS`` times (default 3) in one run; the ratio line is the median of the rounds.
 Target: ingest >= 0.5x the bare loop. The queue is deleted at the end; the rows stay.
+
+Search freshness is measured from outside, on a connection of its own: every 200 ms during
+ingest, the age of the oldest stored entry of the round that the text filter cannot find yet
+(no ``SearchText`` row); the report gives its p50, p95 and maximum over the polls.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import datetime as dt
 import os
 import statistics
 import sys
+import threading
 import time
 import uuid
 
@@ -105,6 +110,48 @@ def bare_loop(queue: str) -> float:
     return elapsed
 
 
+class FreshnessProbe:
+    """Polls the age of the oldest stored, not yet searchable entry of a channel (see the
+    module docstring) on its own thread and connection until stopped."""
+
+    POLL_S = 0.2
+
+    def __init__(self, channel_id: int, after_id: int) -> None:
+        self.channel_id, self.after_id = channel_id, after_id
+        self.ages: list[float] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> FreshnessProbe:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+    def _run(self) -> None:
+        import psycopg
+
+        sql = (
+            "SELECT extract(epoch FROM clock_timestamp() - min(d.ingested_at)) "
+            "FROM dlq_deadletter d WHERE d.channel_id = %s AND d.id > %s "
+            "AND d.search_text <> '' AND NOT EXISTS "
+            "(SELECT 1 FROM dlq_searchtext s WHERE s.entry_id = d.id)"
+        )
+        with psycopg.connect(os.environ["DATABASE_URL"], autocommit=True) as conn:
+            for _ in range(100_000):  # bounded: ~5.5 hours of polls
+                if self._stop.wait(self.POLL_S):
+                    return
+                (age,) = conn.execute(sql, (self.channel_id, self.after_id)).fetchone() or (None,)
+                self.ages.append(float(age) if age is not None else 0.0)
+
+
+def _quantile(values: list[float], q: float) -> float:
+    ordered = sorted(values) or [0.0]
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
 def main() -> None:
     if not os.environ.get("DATABASE_URL", "").startswith("postgres"):
         sys.exit("Set DATABASE_URL to a PostgreSQL database for the benchmark.")
@@ -135,15 +182,19 @@ def main() -> None:
     )
     bare_rates: list[float] = []
     ingest_rates: list[float] = []
+    ages: list[float] = []
     stored = batches = 0
     for r in range(ROUNDS):
         # Interleaved: each round fills the queue for the peer, drains it, then for ingest.
         fill(queue, f"{run}{r}a")
         bare_rates.append(N / bare_loop(queue))
         fill(queue, f"{run}{r}b")
-        started = time.perf_counter()
-        result = ingest_channel(channel, max_batches=10_000)
-        ingest_rates.append(N / (time.perf_counter() - started))
+        after_id = DeadLetter.objects.order_by("-id").values_list("id", flat=True).first() or 0
+        with FreshnessProbe(channel.pk, after_id) as probe:
+            started = time.perf_counter()
+            result = ingest_channel(channel, max_batches=10_000)
+            ingest_rates.append(N / (time.perf_counter() - started))
+        ages += probe.ages
         batches += result.batches
         print(
             f"round {r + 1}: bare {bare_rates[-1]:9.0f} msg/s, ingest {ingest_rates[-1]:9.0f}"
@@ -160,6 +211,11 @@ def main() -> None:
     print(f"bare consume+ack : {statistics.median(bare_rates):9.0f} msg/s (median)")
     print(f"dlq ingest       : {statistics.median(ingest_rates):9.0f} msg/s (median)")
     print(f"ratio ingest/bare: {statistics.median(ratios):.2f}x (target >= 0.5x)")
+    print(
+        f"search freshness : oldest stored entry not yet searchable, over {len(ages)} polls: "
+        f"p50 {_quantile(ages, 0.5):.2f} s, p95 {_quantile(ages, 0.95):.2f} s, "
+        f"max {max(ages or [0.0]):.2f} s"
+    )
 
 
 if __name__ == "__main__":

@@ -16,6 +16,9 @@ interleaved over ``BENCH_ROUNDS`` (3) rounds with the median ratio printed last,
 
 Freezing the plan (N items, a request audit event per chunk) is timed separately.
 Set ``BENCH_MESSAGES``; ``BENCH_BROKERS=rabbitmq,redis,nats,activemq`` picks brokers.
+``BENCH_STAGES=1`` also prints, per relay run, where its time went per message: the relay's
+steps (claim, publish and confirm on the publisher thread, recording the outcomes) and the
+relay connection's SQL by statement (a timing wrapper on every statement), largest first.
 Everything created is deleted again (the database too). Loopback only; every loop is bounded.
 """
 
@@ -33,6 +36,7 @@ PG_ADMIN = os.environ.get("BENCH_PG_ADMIN_URL", "postgres://postgres@127.0.0.1:5
 N = int(os.environ.get("BENCH_MESSAGES", "20000"))
 BROKERS = os.environ.get("BENCH_BROKERS", "rabbitmq,redis,nats,activemq").split(",")
 ROUNDS = int(os.environ.get("BENCH_ROUNDS", "3"))
+STAGES = os.environ.get("BENCH_STAGES", "") == "1"
 AMQP_URL = "amqp://guest:guest@127.0.0.1:5672/%2F"
 API = "http://127.0.0.1:15672/api"
 REDIS_URL = "redis://127.0.0.1:6379/0"
@@ -132,8 +136,13 @@ def relay(channel: Any) -> float:
     if plan.status == PlanStatus.AWAITING_APPROVAL:
         do_approve_plan(plan.pk, actor=Actor.for_user(approver), reason="bench")
     frozen = time.monotonic() - started
+    stages = Stages() if STAGES else None
     started = time.monotonic()
-    result = relay.run_plan(plan.pk, max_seconds=600)
+    if stages is not None:
+        with stages:
+            result = relay.run_plan(plan.pk, max_seconds=600)
+    else:
+        result = relay.run_plan(plan.pk, max_seconds=600)
     elapsed = time.monotonic() - started
     plan.refresh_from_db()
     assert plan.status == PlanStatus.DONE and plan.confirmed == N, (plan.status, plan.confirmed)
@@ -141,7 +150,64 @@ def relay(channel: Any) -> float:
     print(f"  freeze plan: {N} items (request audited per chunk) in {frozen:.2f} s")
     print(f"  relay:       {result.confirmed}/{N} confirmed, state per message, audit per batch, "
           f"in {elapsed:.2f} s = {rate:,.0f} msg/s")  # fmt: skip
+    if stages is not None:
+        stages.report(N)
     return rate
+
+
+class Stages:
+    """``BENCH_STAGES=1``: wall time of the relay's steps and of its connection's statements
+    (by their first words), reported per message."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    def _add(self, name: str, seconds: float) -> None:
+        self.seconds[name] = self.seconds.get(name, 0.0) + seconds
+
+    def _timed(self, name: str, fn: Any) -> Any:
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            started = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self._add(name, time.perf_counter() - started)
+
+        return wrapper
+
+    def _statement(self, execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        started = time.perf_counter()
+        try:
+            return execute(sql, params, many, context)
+        finally:
+            words = " ".join(sql.split()[:4])[:60]
+            self._add(f"sql: {words}", time.perf_counter() - started)
+
+    def __enter__(self) -> Stages:
+        from django.db import connection
+
+        from dlq.plans import relay
+        from dlq.plans.relay_publish import Publishers
+
+        self._saved = [(relay, "take_batch", relay.take_batch),
+                       (relay, "record_outcomes", relay.record_outcomes),
+                       (Publishers, "publish", Publishers.publish)]  # fmt: skip
+        relay.take_batch = self._timed("step: claim (take_batch)", relay.take_batch)
+        relay.record_outcomes = self._timed("step: record outcomes", relay.record_outcomes)
+        Publishers.publish = self._timed("step: publish+confirm (publisher thread)",
+                                         Publishers.publish)  # type: ignore[method-assign]  # fmt: skip
+        self._wrapper = connection.execute_wrapper(self._statement)
+        self._wrapper.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._wrapper.__exit__(None, None, None)
+        for owner, name, original in self._saved:
+            setattr(owner, name, original)
+
+    def report(self, n: int) -> None:
+        for name, seconds in sorted(self.seconds.items(), key=lambda kv: -kv[1])[:12]:
+            print(f"    {1e6 * seconds / n:7.1f} us/msg  {name}")
 
 
 def _shovel_rate(ch: Any, queue: str, moved: str) -> float:

@@ -13,6 +13,7 @@ from dlq.models.entries import (
     Source,
     Status,
     count_unresolved,
+    refresh_group_counts,
     refresh_open_counts,
 )
 from dlq.models.plans import (
@@ -47,5 +48,6 @@ __all__ = [
     "Source",
     "Status",
     "count_unresolved",
+    "refresh_group_counts",
     "refresh_open_counts",
 ]

@@ -246,6 +246,14 @@ def refresh_open_counts(entry_ids: list[int]) -> None:
         .values_list("group_id", flat=True)
         .distinct()
     )
+    refresh_group_counts(list(groups))
+
+
+def refresh_group_counts(group_ids: list[int]) -> None:
+    """``refresh_open_counts`` for groups already known (the relay reads each entry's group
+    with its message, so it need not look them up again)."""
+    if not group_ids:
+        return
     open_entries = (
         DeadLetter.objects.filter(UNRESOLVED_Q, group=models.OuterRef("pk"))
         .order_by()
@@ -253,7 +261,7 @@ def refresh_open_counts(entry_ids: list[int]) -> None:
         .annotate(n=models.Count("id"))
         .values("n")
     )
-    FailureGroup.objects.filter(pk__in=list(groups)).update(
+    FailureGroup.objects.filter(pk__in=group_ids).update(
         open_count=Coalesce(models.Subquery(open_entries), 0)
     )
 

@@ -44,7 +44,14 @@ from concurrent.futures import wait as wait_futures
 from audit.actions import Actor
 from brokers.base import PublishOutcome
 from channels_registry.models import BrokerConfigError
-from dlq.models import PlanKind, PlanStatus, ReplayItem, ReplayPlan, refresh_open_counts
+from dlq.models import (
+    PlanKind,
+    PlanStatus,
+    ReplayItem,
+    ReplayPlan,
+    refresh_group_counts,
+    refresh_open_counts,
+)
 from dlq.models.plans import RUNNABLE
 from dlq.plans.discard import run_discard_plan
 from dlq.plans.freeze import altered_items
@@ -56,7 +63,14 @@ from dlq.plans.plan_state import (
     pause,
     start_plan,
 )
-from dlq.plans.relay_items import claim_plan, release_lease, renew_lease, take_batch
+from dlq.plans.relay_items import (
+    claim_plan,
+    group_of,
+    in_doubt,
+    release_lease,
+    renew_lease,
+    take_batch,
+)
 from dlq.plans.relay_outcomes import record_outcomes
 from dlq.plans.relay_publish import Publishers, outgoing_batch
 from dlq.plans.relay_states import canary_check, next_due_in, pause_unconfigured
@@ -214,9 +228,13 @@ class _Pipeline:
     crash_after: int | None
     batches: int = 0
     flight: _InFlight | None = None
-    # Entries whose status changed since their groups' open counts were last recounted.
+    # Groups (or, where the claim did not read the group, entries) whose entries' status
+    # changed since their open counts were last recounted.
     unrecounted: list[int] = dataclasses.field(default_factory=list)
+    groups: set[int] = dataclasses.field(default_factory=set)
     recounted_at: float = dataclasses.field(default_factory=time.monotonic)
+    # No item of a crashed run is left in doubt: ``take_batch`` need not look again.
+    doubt_cleared: bool = False
 
     def land(self) -> _Landed | None:
         """Step (a): the outcomes of the batch in flight, if any."""
@@ -241,7 +259,12 @@ class _Pipeline:
             self.result.published += len(landed[0])
             self.result.confirmed += ok
             self.result.failed += failed
-            self.unrecounted.extend(i.entry_id for i in landed[0])
+            for item in landed[0]:
+                known, group = group_of(item)
+                if not known:
+                    self.unrecounted.append(item.entry_id)
+                elif group is not None:
+                    self.groups.add(group)
             self.recount(force=False)
 
     def recount(self, force: bool = True) -> None:
@@ -252,9 +275,11 @@ class _Pipeline:
         due = len(self.unrecounted) >= RECOUNT_EVERY or (
             time.monotonic() - self.recounted_at >= RECOUNT_S
         )
-        if self.unrecounted and (force or due):
-            refresh_open_counts(self.unrecounted)
-            self.unrecounted = []
+        if (self.unrecounted or self.groups) and (force or due):
+            if self.unrecounted:
+                refresh_open_counts(self.unrecounted)
+            refresh_group_counts(sorted(self.groups))
+            self.unrecounted, self.groups = [], set()
             self.recounted_at = time.monotonic()
 
 
@@ -282,7 +307,10 @@ def _turn(pipe: _Pipeline, owner: str, deadline: float) -> _Turn:
         result.retry_in = PROBE_MAX_S
         return _Turn.STOP
     busy = {i.pk for i in landed[0]} if landed else set()  # SENDING, but not in doubt
-    items = take_batch(plan, _batch_limit(plan), not runnable, upto, busy)
+    look = not pipe.doubt_cleared
+    items = take_batch(plan, _batch_limit(plan), not runnable, upto, busy, doubt=look)
+    if look and not any(in_doubt(i) for i in items):
+        pipe.doubt_cleared = True  # none left; none appear while this run holds the lease
     if items:
         pipe.send(items)
     pipe.settle(landed)

@@ -69,17 +69,25 @@ def take_batch(
     only_in_doubt: bool,
     upto: int | None = None,
     busy: set[int] | frozenset[int] = frozenset(),
+    doubt: bool = True,
 ) -> list[ReplayItem]:
     """Step 2: claim up to ``limit`` items (positions below ``upto`` when given) for an
     attempt and persist their replay ids. ``busy``: SENDING items of this run whose outcome
-    is about to be recorded (not in doubt)."""
+    is about to be recorded (not in doubt). ``doubt=False``: do not look for items a crashed
+    run left in doubt (the caller knows there are none left: ``in_doubt`` marks the items
+    taken from them, and once a look finds none, no new ones appear while the caller holds the
+    lease)."""
     now = timezone.now()
     with transaction.atomic():
-        # In-doubt items of a crashed run first: they were (maybe) published already.
-        in_doubt = ReplayItem.objects.filter(plan=plan, status=ItemStatus.SENDING)
-        if busy:
-            in_doubt = in_doubt.exclude(pk__any=busy)
-        items = list(in_doubt.order_by("position")[:limit])
+        items: list[ReplayItem] = []
+        if doubt:
+            # In-doubt items of a crashed run first: they were (maybe) published already.
+            in_doubt = ReplayItem.objects.filter(plan=plan, status=ItemStatus.SENDING)
+            if busy:
+                in_doubt = in_doubt.exclude(pk__any=busy)
+            items = list(in_doubt.order_by("position")[:limit])
+            for item in items:
+                item.__dict__["_in_doubt"] = True
         if not items and not only_in_doubt:
             if connection.vendor == "postgresql":
                 return _claim_due(plan, limit, now, upto)
@@ -171,7 +179,7 @@ def _claim_sql(upto: bool) -> str:
         WHERE i.id = p.id AND i.status = 'pending' AND d.id = i.entry_id
         RETURNING i.id, i.entry_id, i.{position}, i.attempts, i.replay_id, i.publishes,
                   i.republished, p.old_publishes, p.old_republished, p.kept,
-                  d.body, d.headers, d.properties
+                  d.body, d.headers, d.properties, d.group_id
     """
 
 
@@ -204,16 +212,28 @@ def _claimed_item(plan: ReplayPlan, row: tuple[Any, ...], alias: str) -> ReplayI
     batch), every concrete field set, plus the entry's columns the message needs."""
     item = ReplayItem.__new__(ReplayItem)
     pk, entry_id, position, attempts, replay_id, publishes, republished = row[:7]
-    body, headers, properties = row[10:13]
+    body, headers, properties, group_id = row[10:14]
     item.__dict__.update(
         id=pk, plan_id=plan.pk, entry_id=entry_id, position=position,
         status=ItemStatus.SENDING, attempts=attempts, replay_id=replay_id,
         publishes=publishes, republished=republished, last_error="",
         next_attempt_at=None, finished_at=None, _state=ModelState(),
-        _columns=(body, _json(headers), _json(properties)),
+        _columns=(body, _json(headers), _json(properties)), _group=group_id,
     )  # fmt: skip
     item._state.adding, item._state.db = False, alias
     return item
+
+
+def in_doubt(item: ReplayItem) -> bool:
+    """Taken by ``take_batch`` from the items a crashed run left in doubt."""
+    return "_in_doubt" in item.__dict__
+
+
+def group_of(item: ReplayItem) -> tuple[bool, int | None]:
+    """(known, group id) of a claimed item's entry: known when the claim returned it."""
+    if "_group" in item.__dict__:
+        return True, item.__dict__["_group"]
+    return False, None
 
 
 def _json(value: Any) -> Any:

@@ -16,7 +16,7 @@ from audit.filters import AuditFilterForm
 from audit.models import AuditEvent
 from audit.sealer import seal
 from brokers.base import PublishOutcome as Outcome
-from dlq.models import DeadLetter, ItemStatus, ReplayItem
+from dlq.models import DeadLetter, FailureGroup, ItemStatus, ReplayItem
 from dlq.models.plans import OUTCOME_ACTION, OUTCOME_FIELDS, outcome_in
 from dlq.plans import relay
 from tests.conftest import client_for, make_channel
@@ -163,3 +163,27 @@ def test_fields_name_the_columns_of_each_message() -> None:
     assert outcome_in({"messages": "no"}, 7) is None
     assert outcome_in({"fields": ["other"], "messages": [[7]]}, 7) is None
     assert replay_helpers.recorded_outcomes() == []
+
+
+def test_the_groups_open_counts_follow_the_relay(
+    oncall: User, publisher: RecordingAdapter, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The relay recounts the groups it read with each claimed message (no lookup by entry):
+    two groups, one entry of each failed for good, the rest replayed."""
+    channel = make_channel()
+    first = store(channel, *[letter(reason="rejected") for _ in range(3)])
+    second = store(channel, *[letter(reason="expired") for _ in range(3)])
+    assert first[0].group_id != second[0].group_id
+    plan = plan_for(first + second, oncall)
+    doomed = {first[0].pk, second[2].pk}
+    items = {i.pk: i.entry_id for i in ReplayItem.objects.filter(plan=plan)}
+    publisher.policy = lambda m, n: (
+        Outcome(m.key, False, "refused", refused=True, permanent=True)
+        if items[int(m.key)] in doomed
+        else Outcome(m.key, True)
+    )
+    monkeypatch.setattr(relay, "FAST_BATCH_SIZE", 4)
+    relay.run_plan(plan.pk)
+    for entry in (first[0], second[0]):
+        group = FailureGroup.objects.get(pk=entry.group_id)
+        assert group.open_count == 1  # the failed one: still to triage
