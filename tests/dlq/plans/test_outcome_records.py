@@ -5,13 +5,18 @@ from __future__ import annotations
 
 import io
 import json
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
 from django.core.management import call_command
 
+from audit import verify_export
 from audit.actions import verify_chain
+from audit.checkpoints import keygen, write_checkpoint
 from audit.filters import AuditFilterForm
 from audit.models import AuditEvent
 from audit.sealer import seal
@@ -187,3 +192,47 @@ def test_the_groups_open_counts_follow_the_relay(
     for entry in (first[0], second[0]):
         group = FailureGroup.objects.get(pk=entry.group_id)
         assert group.open_count == 1  # the failed one: still to triage
+
+
+def test_a_plans_proof_export_proves_every_messages_outcome(
+    oncall: User,
+    publisher: RecordingAdapter,
+    tmp_path: Path,
+    settings: Any,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``audit export --proof --plan`` carries the batch records in full: the offline verifier
+    accepts it, and a message's outcome changed in the export breaks it."""
+    keygen(tmp_path / "key.pem")
+    settings.DLO_AUDIT_SIGNING_KEY = str(tmp_path / "key.pem")
+    settings.DLO_AUDIT_CHECKPOINT_DIR = str(tmp_path / "checkpoints")
+    entries = _entries(4)
+    plan = plan_for(entries, oncall)
+    relay.run_plan(plan.pk)
+    seal(wait=True)
+    write_checkpoint()
+    capsys.readouterr()
+    call_command("audit", "export", "--proof", "--plan", str(plan.pk))
+    lines = capsys.readouterr().out.splitlines()
+    full = [json.loads(x) for x in lines[1:] if "withheld" not in json.loads(x)]
+    [record] = [e for e in full if e["action"] == OUTCOME_ACTION]
+    detail = json.loads(record["detail_json"])
+    assert sorted(m[0] for m in detail["after"]["messages"]) == sorted(e.pk for e in entries)
+
+    def verify(body: list[str]) -> subprocess.CompletedProcess[str]:
+        path = tmp_path / "plan.jsonl"
+        path.write_text("\n".join(body) + "\n")
+        return subprocess.run(
+            [sys.executable, str(Path(verify_export.__file__)), str(path),
+             "--public-key", f"{tmp_path / 'key.pem'}.pub"],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+
+    done = verify(lines)
+    assert done.returncode == 0 and done.stdout.startswith("OK:"), done.stdout
+    # One message's outcome rewritten in the export: "failed" instead of "replayed".
+    at = next(n for n, x in enumerate(lines) if OUTCOME_ACTION in x and '"withheld"' not in x)
+    forged = json.loads(lines[at])
+    forged["detail_json"] = forged["detail_json"].replace('"replayed"', '"failed"', 1)
+    done = verify([*lines[:at], json.dumps(forged), *lines[at + 1 :]])
+    assert done.returncode == 1 and "BROKEN" in done.stdout, done.stdout
