@@ -248,6 +248,18 @@ OUTCOME_ACTION = "dlq.replay.outcomes"
 OUTCOME_FIELDS = ("entry", "item", "replay_id", "attempts", "outcome", "error")
 
 
+#: A discard batch's one audit record (target: the plan): every entry of the batch,
+#: ``discarded`` or ``skipped`` (it changed state since the freeze), with the state it had.
+DISCARD_OUTCOME_ACTION = "dlq.discard.outcomes"
+
+
+DISCARD_FIELDS = ("entry", "item", "outcome", "was")
+
+
+#: The batch records, whose ``after`` lists ``messages`` under ``fields`` (``outcome_in``).
+BATCH_RECORD_ACTIONS = (OUTCOME_ACTION, DISCARD_OUTCOME_ACTION)
+
+
 def outcome_in(after: object, entry_id: int) -> dict[str, object] | None:
     """What a batch record's ``after`` says about one entry (a dict of ``OUTCOME_FIELDS``), or
     None when the record does not list it (or is not such a record)."""
@@ -263,8 +275,8 @@ def outcome_in(after: object, entry_id: int) -> dict[str, object] | None:
 
 
 def outcome_records(target_type: str, target_id: str) -> list[int]:
-    """The relay batch records that list a dead letter's outcomes (``audit.filters``'s related
-    events for an entry): one per plan that replayed it, newest ``RELATED_MAX``."""
+    """The batch records that list a dead letter's outcomes (``audit.filters``'s related
+    events for an entry): one per plan that replayed or discarded it, newest ``RELATED_MAX``."""
     if target_type not in ("", "dlq.deadletter") or not (
         target_id.isascii() and target_id.isdigit() and len(target_id) < 19
     ):

@@ -1,6 +1,7 @@
-"""A discard plan's work: its entries become DISCARDED in bounded batches, one audit event per
-entry; entries that changed state since the plan froze them are skipped. The plan's own state
-changes go through ``dlq.plans.plan_state``."""
+"""A discard plan's work: its entries become DISCARDED in bounded batches, one audit record per
+batch (``dlq.discard.outcomes``, like a replay batch's: every entry of the batch, discarded or
+skipped, with the state it had); entries that changed state since the plan froze them are
+skipped. The plan's own state changes go through ``dlq.plans.plan_state``."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
-from audit.actions import Actor, EventSpec, record_many
+from audit.actions import Actor, record
 from dlq.models import (
     DeadLetter,
     ItemStatus,
@@ -21,6 +22,7 @@ from dlq.models import (
     Status,
     refresh_open_counts,
 )
+from dlq.models.plans import DISCARD_FIELDS, DISCARD_OUTCOME_ACTION
 from dlq.plans import plan_state
 
 DISCARD_INLINE = 1_000  # larger discards run in the worker, in batches
@@ -28,46 +30,49 @@ DISCARD_BATCH = 1_000
 
 
 def discard_items(plan: ReplayPlan, items: list[ReplayItem]) -> int:
-    """Discard these items' entries (state change, one audit event per entry). Entries that
-    changed state since the plan froze them (being replayed, already discarded) are skipped."""
+    """Discard these items' entries (state change, one audit record for the batch). Entries
+    that changed state since the plan froze them (being replayed, already discarded) are
+    skipped, and the record says so with the state they had."""
 
+    if not items:
+        return 0
     now = timezone.now()
     ids = [i.entry_id for i in items]
-    eligible = set(
-        DeadLetter.objects.filter(pk__in=ids)
-        .exclude(status__in=[Status.DISCARDED, Status.REPLAYING])
-        .values_list("pk", "status")
-    )
-    before = dict(eligible)
+    states = dict(DeadLetter.objects.filter(pk__in=ids).values_list("pk", "status"))
+    before = {
+        pk: state
+        for pk, state in states.items()
+        if state not in (Status.DISCARDED, Status.REPLAYING)
+    }
     DeadLetter.objects.filter(pk__in=list(before)).update(status=Status.DISCARDED)
     refresh_open_counts(list(before))
     done = [i for i in items if i.entry_id in before]
     skipped = [i for i in items if i.entry_id not in before]
+    messages = [[i.entry_id, i.pk, "discarded", before[i.entry_id]] for i in done]
+    messages += [[i.entry_id, i.pk, "skipped", states.get(i.entry_id, "")] for i in skipped]
+    messages.sort(key=lambda m: m[1])
+    event = record(
+        DISCARD_OUTCOME_ACTION,
+        actor=Actor(plan.requested_by_id, plan.requested_by_username),
+        target_type=ReplayPlan._meta.label_lower,
+        target_id=plan.pk,
+        target_repr=str(plan),
+        channel_slug=plan.channel.slug,
+        reason=plan.reason,
+        after={
+            "plan": plan.pk,
+            "approved_by": plan.approved_by_username or None,
+            "discarded": len(done),
+            "skipped": len(skipped),
+            "fields": list(DISCARD_FIELDS),
+            "messages": messages,
+        },
+    )
     ReplayItem.objects.filter(pk__in=[i.pk for i in done]).update(
-        status=ItemStatus.DISCARDED, finished_at=now
+        status=ItemStatus.DISCARDED, finished_at=now, outcome_event=event.pk
     )
     ReplayItem.objects.filter(pk__in=[i.pk for i in skipped]).update(
-        status=ItemStatus.SKIPPED, finished_at=now
-    )
-    actor = Actor(plan.requested_by_id, plan.requested_by_username)
-    record_many(
-        [
-            EventSpec(
-                "dlq.discard",
-                "dlq.deadletter",
-                i.entry_id,
-                f"dead letter #{i.entry_id}",
-                plan.channel.slug,
-                reason=plan.reason,
-                after={
-                    "plan": plan.pk,
-                    "status": [before[i.entry_id], Status.DISCARDED],
-                    "approved_by": plan.approved_by_username or None,
-                },
-            )  # fmt: skip
-            for i in done
-        ],
-        actor=actor,
+        status=ItemStatus.SKIPPED, finished_at=now, outcome_event=event.pk
     )
     ReplayPlan.objects.filter(pk=plan.pk).update(
         discarded=F("discarded") + len(done), skipped=F("skipped") + len(skipped)

@@ -19,7 +19,7 @@ from dashboard.html import channel_filter
 from dashboard.http import HtmxHttpRequest
 from dlq.capture import trends
 from dlq.models import DeadLetter, ReplayItem, ReplayPlan, Source, Status
-from dlq.models.plans import OUTCOME_ACTION, outcome_in
+from dlq.models.plans import BATCH_RECORD_ACTIONS, outcome_in
 from dlq.text import redaction
 from dlq.text import render as body_render
 from dlq.triage.access import (
@@ -178,15 +178,18 @@ def entry_history(entry: DeadLetter) -> list[AuditEvent]:
 
 
 def about(event: AuditEvent, entry_id: int) -> str:
-    """One entry's line of a relay batch's record ("replayed, attempt 1, replay id 5:9:1")."""
-    if event.action != OUTCOME_ACTION:
+    """One entry's line of a batch record: "replayed, attempt 1, replay id 5:9:1" (a relay
+    batch), "discarded (was new)" (a discard batch); "" for other events."""
+    if event.action not in BATCH_RECORD_ACTIONS:
         return ""
     mine = outcome_in(event.after, entry_id)
     if mine is None:
         return "does not list this entry"
-    text = (
-        f"{mine.get('outcome')}, attempt {mine.get('attempts')}, replay id {mine.get('replay_id')}"
-    )
+    outcome = mine.get("outcome")
+    if "was" in mine:
+        return f"{outcome} (was {mine['was'] or 'gone'})"
+    attempts, replay_id = mine.get("attempts"), mine.get("replay_id")
+    text = f"{outcome}, attempt {attempts}, replay id {replay_id}"
     return f"{text}: {mine['error']}" if mine.get("error") else text
 
 

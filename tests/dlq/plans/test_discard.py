@@ -1,4 +1,5 @@
-"""Discard: a state change with a reason, audited per entry; the payload stays."""
+"""Discard: a state change with a reason, audited per batch (each entry listed); the payload
+stays."""
 
 from __future__ import annotations
 
@@ -10,8 +11,10 @@ from django.test import override_settings
 
 from audit.models import AuditEvent
 from dlq.models import DeadLetter, ItemStatus, PlanStatus, ReplayPlan, Status
+from dlq.models.plans import DISCARD_OUTCOME_ACTION, outcome_in
 from dlq.plans import discard, relay
 from dlq.plans.preview import Selection, build_preview
+from dlq.triage.views import about
 from tests.conftest import client_for, make_channel, make_user
 from tests.dlq.conftest import letter, store
 from tests.dlq.replay_helpers import plan_for
@@ -37,10 +40,21 @@ def test_discarding_one_entry_is_a_state_change_audited_with_its_reason(oncall: 
     entry.refresh_from_db()
     assert entry.status == Status.DISCARDED and entry.body is not None  # payload kept
     assert DeadLetter.objects.get(pk=other.pk).status == Status.NEW
-    [event] = AuditEvent.objects.filter(action="dlq.discard")
-    assert event.target_id == str(entry.pk) and event.reason == "known bad"
-    assert event.actor_username == "otto" and event.after["status"] == ["new", "discarded"]
-    assert ReplayPlan.objects.get().status == PlanStatus.DONE
+    # One record for the batch, the person's reason and name on it, the entry's line in it.
+    [event] = AuditEvent.objects.filter(action=DISCARD_OUTCOME_ACTION)
+    plan = ReplayPlan.objects.get()
+    assert event.target_id == str(plan.pk) and event.reason == "known bad"
+    assert event.actor_username == "otto"
+    item = plan.items.get()
+    assert outcome_in(event.after, entry.pk) == {
+        "entry": entry.pk,
+        "item": item.pk,
+        "outcome": "discarded",
+        "was": "new",
+    }
+    assert item.outcome_event_id == event.pk
+    assert about(event, entry.pk) == "discarded (was new)"
+    assert plan.status == PlanStatus.DONE
 
 
 def test_discarding_a_filter_audits_every_entry(oncall: User) -> None:
@@ -54,15 +68,16 @@ def test_discarding_a_filter_audits_every_entry(oncall: User) -> None:
     client.post("/dead-letters/discard/", {"channel": "orders", "action_reason": "cleanup",
                                            "request_key": "d2"})  # fmt: skip
     assert set(DeadLetter.objects.values_list("status", flat=True)) == {Status.DISCARDED}
-    audited = AuditEvent.objects.filter(action="dlq.discard")
-    assert sorted(int(e.target_id) for e in audited) == [e.pk for e in entries]
+    audited = AuditEvent.objects.filter(action=DISCARD_OUTCOME_ACTION)
+    listed = [m[0] for e in audited for m in _after(e)["messages"] if m[2] == "discarded"]
+    assert sorted(listed) == sorted(e.pk for e in entries)
 
 
 def test_discard_needs_a_reason(oncall: User) -> None:
     [entry] = _entries(1)
     assert _discard(client_for(oncall), str(entry.pk), action_reason="").status_code == 400
     assert DeadLetter.objects.get().status == Status.NEW
-    assert not AuditEvent.objects.filter(action="dlq.discard").exists()
+    assert not AuditEvent.objects.filter(action=DISCARD_OUTCOME_ACTION).exists()
 
 
 @override_settings(DLO_FOUR_EYES_THRESHOLD=2)
@@ -79,8 +94,31 @@ def test_bulk_discard_above_the_threshold_waits_for_a_second_person(oncall: User
     plan.refresh_from_db()
     assert plan.status == PlanStatus.DONE and plan.discarded == 3
     assert set(DeadLetter.objects.values_list("status", flat=True)) == {Status.DISCARDED}
-    events = AuditEvent.objects.filter(action="dlq.discard")
-    assert events.count() == 3 and {e.after["approved_by"] for e in events} == {"olivia"}
+    events = AuditEvent.objects.filter(action=DISCARD_OUTCOME_ACTION)
+    assert sum(_after(e)["discarded"] for e in events) == 3
+    assert {_after(e)["approved_by"] for e in events} == {"olivia"}
+
+
+@override_settings(DLO_FOUR_EYES_THRESHOLD=2)
+def test_an_entry_that_changed_state_is_listed_as_skipped(oncall: User) -> None:
+    entries = _entries(3)
+    _discard(client_for(oncall), ",".join(str(e.pk) for e in entries))
+    plan = ReplayPlan.objects.get()
+    assert plan.status == PlanStatus.AWAITING_APPROVAL
+    # Another path changed one entry while the plan waited for its approval.
+    DeadLetter.objects.filter(pk=entries[0].pk).update(status=Status.REPLAYING)
+    url = f"/dead-letters/replays/{plan.pk}/approve/"
+    client_for(make_user("olivia", "oncall")).post(url, {"reason": "agreed"})
+    [event] = AuditEvent.objects.filter(action=DISCARD_OUTCOME_ACTION)
+    assert outcome_in(event.after, entries[0].pk)["outcome"] == "skipped"  # type: ignore[index]
+    assert about(event, entries[0].pk) == "skipped (was replaying)"
+    assert about(event, entries[1].pk) == "discarded (was new)"
+    assert _after(event)["discarded"] == 2 and _after(event)["skipped"] == 1
+
+
+def _after(event: AuditEvent) -> dict[str, Any]:
+    assert isinstance(event.after, dict)
+    return event.after
 
 
 def test_entries_being_replayed_are_skipped_not_discarded(oncall: User) -> None:
