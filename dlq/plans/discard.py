@@ -48,9 +48,9 @@ def discard_items(plan: ReplayPlan, items: list[ReplayItem]) -> int:
     refresh_open_counts(list(before))
     done = [i for i in items if i.entry_id in before]
     skipped = [i for i in items if i.entry_id not in before]
-    messages = [[i.entry_id, i.pk, "discarded", before[i.entry_id]] for i in done]
-    messages += [[i.entry_id, i.pk, "skipped", states.get(i.entry_id, "")] for i in skipped]
-    messages.sort(key=lambda m: m[1])
+    rows = [(i.pk, [i.entry_id, i.pk, "discarded", before[i.entry_id]]) for i in done]
+    rows += [(i.pk, [i.entry_id, i.pk, "skipped", states.get(i.entry_id, "")]) for i in skipped]
+    messages = [row for _, row in sorted(rows, key=lambda r: r[0])]  # item order
     event = record(
         DISCARD_OUTCOME_ACTION,
         actor=Actor(plan.requested_by_id, plan.requested_by_username),
