@@ -80,12 +80,18 @@ def test_discard_needs_a_reason(oncall: User) -> None:
     assert not AuditEvent.objects.filter(action=DISCARD_OUTCOME_ACTION).exists()
 
 
-@override_settings(DLO_FOUR_EYES_THRESHOLD=2)
-def test_bulk_discard_above_the_threshold_waits_for_a_second_person(oncall: User) -> None:
-    entries = _entries(3)
+def _awaiting_approval(oncall: User, n: int) -> tuple[list[DeadLetter], ReplayPlan]:
+    """A discard of ``n`` entries above the threshold, waiting for a second person."""
+    entries = _entries(n)
     _discard(client_for(oncall), ",".join(str(e.pk) for e in entries))
     plan = ReplayPlan.objects.get()
     assert plan.status == PlanStatus.AWAITING_APPROVAL
+    return entries, plan
+
+
+@override_settings(DLO_FOUR_EYES_THRESHOLD=2)
+def test_bulk_discard_above_the_threshold_waits_for_a_second_person(oncall: User) -> None:
+    entries, plan = _awaiting_approval(oncall, 3)
     assert set(DeadLetter.objects.values_list("status", flat=True)) == {Status.NEW}
     url = f"/dead-letters/replays/{plan.pk}/approve/"
     client_for(oncall).post(url, {"reason": "self"})
@@ -101,10 +107,7 @@ def test_bulk_discard_above_the_threshold_waits_for_a_second_person(oncall: User
 
 @override_settings(DLO_FOUR_EYES_THRESHOLD=2)
 def test_an_entry_that_changed_state_is_listed_as_skipped(oncall: User) -> None:
-    entries = _entries(3)
-    _discard(client_for(oncall), ",".join(str(e.pk) for e in entries))
-    plan = ReplayPlan.objects.get()
-    assert plan.status == PlanStatus.AWAITING_APPROVAL
+    entries, plan = _awaiting_approval(oncall, 3)
     # Another path changed one entry while the plan waited for its approval.
     DeadLetter.objects.filter(pk=entries[0].pk).update(status=Status.REPLAYING)
     url = f"/dead-letters/replays/{plan.pk}/approve/"
