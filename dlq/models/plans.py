@@ -274,6 +274,22 @@ def outcome_in(after: object, entry_id: int) -> dict[str, object] | None:
     return None
 
 
+def outcome_line(action: str, after: object, entry_id: int) -> str:
+    """One entry's line of a batch record, for people: "replayed, attempt 1, replay id 5:9:1"
+    (a relay batch), "discarded (was new)" (a discard batch); "" for any other event."""
+    if action not in BATCH_RECORD_ACTIONS:
+        return ""
+    mine = outcome_in(after, entry_id)
+    if mine is None:
+        return "does not list this entry"
+    outcome = mine.get("outcome")
+    if "was" in mine:
+        return f"{outcome} (was {mine['was'] or 'gone'})"
+    attempts, replay_id = mine.get("attempts"), mine.get("replay_id")
+    text = f"{outcome}, attempt {attempts}, replay id {replay_id}"
+    return f"{text}: {mine['error']}" if mine.get("error") else text
+
+
 def outcome_records(target_type: str, target_id: str) -> list[int]:
     """The batch records that list a dead letter's outcomes (``audit.filters``'s related
     events for an entry): one per plan that replayed or discarded it, newest ``RELATED_MAX``."""

@@ -19,7 +19,7 @@ from dashboard.html import channel_filter
 from dashboard.http import HtmxHttpRequest
 from dlq.capture import trends
 from dlq.models import DeadLetter, ReplayItem, ReplayPlan, Source, Status
-from dlq.models.plans import BATCH_RECORD_ACTIONS, outcome_in
+from dlq.models.plans import outcome_line
 from dlq.text import redaction
 from dlq.text import render as body_render
 from dlq.triage.access import (
@@ -156,8 +156,9 @@ def entry_history(entry: DeadLetter) -> list[AuditEvent]:
     """The entry's audit events and, for the plans that held it (the newest
     ``HISTORY_PLANS``), the request of the chunk it was frozen in and the relay batch's record
     of its outcome: a plan audits its request once per chunk (``dlq.plans.freeze``) and its
-    outcomes once per relay batch (``dlq.plans.relay_outcomes``), not once per entry (``about``
-    reads this entry's line of such a record). Newest first, at most ``HISTORY_SHOWN``."""
+    outcomes once per relay batch (``dlq.plans.relay_outcomes``), not once per entry
+    (``outcome_line`` reads this entry's line of such a record). Newest first, at most
+    ``HISTORY_SHOWN``."""
     shown = Q(target_type="dlq.deadletter", target_id=str(entry.pk))
     items = ReplayItem.objects.filter(entry=entry).select_related("plan").order_by("-id")
     for item in items[:HISTORY_PLANS]:
@@ -177,22 +178,6 @@ def entry_history(entry: DeadLetter) -> list[AuditEvent]:
     )
 
 
-def about(event: AuditEvent, entry_id: int) -> str:
-    """One entry's line of a batch record: "replayed, attempt 1, replay id 5:9:1" (a relay
-    batch), "discarded (was new)" (a discard batch); "" for other events."""
-    if event.action not in BATCH_RECORD_ACTIONS:
-        return ""
-    mine = outcome_in(event.after, entry_id)
-    if mine is None:
-        return "does not list this entry"
-    outcome = mine.get("outcome")
-    if "was" in mine:
-        return f"{outcome} (was {mine['was'] or 'gone'})"
-    attempts, replay_id = mine.get("attempts"), mine.get("replay_id")
-    text = f"{outcome}, attempt {attempts}, replay id {replay_id}"
-    return f"{text}: {mine['error']}" if mine.get("error") else text
-
-
 def _detail_context(request: HtmxHttpRequest, entry: DeadLetter, revealed: bool) -> dict[str, Any]:
     channel = entry.channel
     redact = redaction.has_rules(channel) and not revealed
@@ -200,7 +185,7 @@ def _detail_context(request: HtmxHttpRequest, entry: DeadLetter, revealed: bool)
     header_rows, headers_hidden = body_render.header_rows(headers)
     body = entry.body if entry.body is None else bytes(entry.body)
     rendered = body_render.render_body(body, channel, redact=redact)
-    history = [(event, about(event, entry.pk)) for event in entry_history(entry)]
+    history = [(e, outcome_line(e.action, e.after, entry.pk)) for e in entry_history(entry)]
     return {
         "entry": entry,
         "channel": channel,

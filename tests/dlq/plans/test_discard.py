@@ -11,10 +11,9 @@ from django.test import override_settings
 
 from audit.models import AuditEvent
 from dlq.models import DeadLetter, ItemStatus, PlanStatus, ReplayPlan, Status
-from dlq.models.plans import DISCARD_OUTCOME_ACTION, outcome_in
+from dlq.models.plans import DISCARD_OUTCOME_ACTION, outcome_in, outcome_line
 from dlq.plans import discard, relay
 from dlq.plans.preview import Selection, build_preview
-from dlq.triage.views import about
 from tests.conftest import client_for, make_channel, make_user
 from tests.dlq.conftest import letter, store
 from tests.dlq.replay_helpers import plan_for
@@ -53,7 +52,7 @@ def test_discarding_one_entry_is_a_state_change_audited_with_its_reason(oncall: 
         "was": "new",
     }
     assert item.outcome_event_id == event.pk
-    assert about(event, entry.pk) == "discarded (was new)"
+    assert outcome_line(event.action, event.after, entry.pk) == "discarded (was new)"
     assert plan.status == PlanStatus.DONE
 
 
@@ -114,8 +113,8 @@ def test_an_entry_that_changed_state_is_listed_as_skipped(oncall: User) -> None:
     client_for(make_user("olivia", "oncall")).post(url, {"reason": "agreed"})
     [event] = AuditEvent.objects.filter(action=DISCARD_OUTCOME_ACTION)
     assert outcome_in(event.after, entries[0].pk)["outcome"] == "skipped"  # type: ignore[index]
-    assert about(event, entries[0].pk) == "skipped (was replaying)"
-    assert about(event, entries[1].pk) == "discarded (was new)"
+    assert outcome_line(event.action, event.after, entries[0].pk) == "skipped (was replaying)"
+    assert outcome_line(event.action, event.after, entries[1].pk) == "discarded (was new)"
     assert _after(event)["discarded"] == 2 and _after(event)["skipped"] == 1
 
 

@@ -17,7 +17,7 @@ from brokers.base import OutgoingMessage
 from brokers.base import PublishOutcome as Outcome
 from channels_registry.models import ChannelHealth
 from dlq.models import DeadLetter, ItemStatus, PlanStatus, ReplayItem, ReplayPlan, Status
-from dlq.models.plans import OUTCOME_ACTION
+from dlq.models.plans import OUTCOME_ACTION, outcome_line
 from dlq.plans import freeze, relay
 from dlq.plans.actions import (
     PlanRefused,
@@ -28,7 +28,7 @@ from dlq.plans.actions import (
 )
 from dlq.plans.preview import Selection, build_preview, ids_digest
 from dlq.plans.relay_items import orphaned_plans
-from dlq.triage.views import about, entry_history
+from dlq.triage.views import entry_history
 from tests.conftest import client_for, make_channel, make_user
 from tests.dlq import replay_helpers
 from tests.dlq.conftest import letter, store
@@ -526,11 +526,13 @@ def _assert_one_request_and_one_outcome_each(
     entries: list[DeadLetter], cancelled: bool = False
 ) -> None:
     """Each entry's page shows its chunk's request and exactly one terminal outcome: its line
-    in one relay batch record (``about``), or its own cancellation event."""
+    in one relay batch record (``outcome_line``), or its own cancellation event."""
     for entry in entries:
         history = entry_history(entry)  # the entry's events, its chunk's request, its outcome
         assert [e.action for e in history].count("dlq.replay.request") == 1
-        lines = [about(e, entry.pk) for e in history if e.action == OUTCOME_ACTION]
+        lines = [
+            outcome_line(e.action, e.after, entry.pk) for e in history if e.action == OUTCOME_ACTION
+        ]
         if cancelled:
             assert lines == [] and [e.action for e in history].count("dlq.replay.cancelled") == 1
         else:
