@@ -21,7 +21,7 @@ from alerts.evaluate import _DLQ, _DLQ_AGE, _POISON, _growth, inflow_counts, loa
 from alerts.models import Alert, RuleKey
 from channels_registry.health import fmt_duration, fmt_int
 from channels_registry.models import ChannelHealth
-from dlq.models import RESOLVED, DeadLetter, Source
+from dlq.models import OPEN_Q, EntryState, Source
 
 DURATION_RULES = {RuleKey.LAG, RuleKey.MESSAGE_AGE, RuleKey.DLQ_AGE, RuleKey.POLLER_STALE}
 STATE_RULES = {RuleKey.STALLED, RuleKey.STOPPED, RuleKey.POISONED, RuleKey.NO_CONSUMERS}
@@ -84,8 +84,7 @@ def values_now(alerts: Iterable[Alert], now: dt.datetime) -> dict[int, float | N
     oldest: dict[int, dt.datetime] = {}
     if any(a.rule == RuleKey.DLQ_AGE for a in active):
         oldest = dict(
-            DeadLetter.objects.filter(channel_id__in=ids, source=Source.DLQ)
-            .exclude(status__in=RESOLVED)
+            EntryState.objects.filter(OPEN_Q, channel_id__in=ids, source=Source.DLQ)
             .values("channel_id")
             .annotate(oldest=Min("dead_lettered_at"))
             .order_by()

@@ -42,7 +42,7 @@ from alerts.notify_tasks import deliver_notifications_task
 from channels_registry.health import POINT_FIELDS, DlqFlag, HealthState
 from channels_registry.models import Broker, BrokerPollState, Channel, ChannelHealth
 from channels_registry.polling import stale_after_s
-from dlq.models import RESOLVED, DeadLetter, Source
+from dlq.models import OPEN_Q, DeadLetter, EntryState, Source
 from dlq.models.plans import PlanStatus, ReplayPlan
 
 log = logging.getLogger(__name__)
@@ -181,12 +181,11 @@ def _dead_letter_aggregates(
             by_broker[c.broker_id].append(c.pk)
     for broker_id, ids in by_broker.items():
         sampled = poll_times.get(broker_id)
-        before = Q(ingested_at__lte=sampled) if sampled is not None else Q(pk__isnull=False)
+        before = Q(ingested_at__lte=sampled) if sampled is not None else Q(entry__isnull=False)
         rows = (
-            DeadLetter.objects.filter(channel_id__in=ids)
-            .exclude(status__in=RESOLVED)
+            EntryState.objects.filter(OPEN_Q, channel_id__in=ids)
             .values("channel_id", "source")
-            .annotate(before=Count("id", filter=before), oldest=Min("dead_lettered_at"))
+            .annotate(before=Count("entry_id", filter=before), oldest=Min("dead_lettered_at"))
             .order_by()
         )
         for row in rows:

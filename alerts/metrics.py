@@ -24,7 +24,7 @@ from alerts.models import Alert, AlertState, EvaluatorState, Notification, Sever
 from channels_registry.health import HealthState
 from channels_registry.models import Broker, BrokerPollState, Channel, ChannelSample
 from channels_registry.polling import stale_after_s
-from dlq.models import RESOLVED, DeadLetter, PlanStatus, ReplayPlan
+from dlq.models import OPEN_Q, EntryState, PlanStatus, ReplayPlan
 from dlq.models.plans import FINISHED
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -243,9 +243,9 @@ class DloCollector:
     def _add_unresolved(self, f: _ChannelFamilies, names: dict[int, tuple[str, str]]) -> None:
         """Unresolved ingested dead letters per exported channel and source (one aggregate)."""
         rows = (
-            DeadLetter.objects.exclude(status__in=RESOLVED)
+            EntryState.objects.filter(OPEN_Q)
             .values("channel_id", "source")
-            .annotate(n=Count("id"), oldest=Min("dead_lettered_at"))
+            .annotate(n=Count("entry_id"), oldest=Min("dead_lettered_at"))
             .order_by()
         )
         for row in rows:

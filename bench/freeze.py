@@ -46,7 +46,7 @@ SLUG = f"bench-freeze-{RUN}"
 ADDRESS = f"bench.freeze.{RUN}"
 
 COLUMNS = (
-    "source, status, dedupe_key, body, body_sha256, size, content_type, headers, properties, "
+    "source, dedupe_key, body, body_sha256, size, content_type, headers, properties, "
     "reason, error_class, error_message, redelivery_count, first_death_queue, "
     "first_death_exchange, first_death_at, dead_lettered_at, ingested_at, idempotency_key, "
     "missing_idempotency_key, schema_version, is_parseable, death_history, purged_at, "
@@ -228,7 +228,7 @@ def fill(channel: int, group: int) -> float:
                 when += f".{i % 1000:03d}+00"
                 search = f"{body.decode().lower()} x-first-death-queue: {ADDRESS} {text}"
                 lines.append(
-                    f"dlq\tnew\tbench:{RUN}:{i}\t\\\\x{body.hex()}\t{uuid.uuid4().hex * 2}\t"
+                    f"dlq\tbench:{RUN}:{i}\t\\\\x{body.hex()}\t{uuid.uuid4().hex * 2}\t"
                     f'1024\tapplication/json\t{{"x-first-death-queue": "{ADDRESS}"}}\t{{}}\t'
                     f"rejected\t\t\t1\t{ADDRESS}\t\t\\N\t{when}\t{when}\tk-{i}\tf\t\tt\t[]\t\\N\t"
                     f"{search[:1300]}\t{channel}\t\\N\t{group}\t0\t{{}}\t\t{{}}\n"

@@ -99,7 +99,7 @@ def bench_targets() -> dict[str, Any]:
         cursor.execute(f"VACUUM (ANALYZE) {tables}")
     user = User.objects.get(username="bench-oncall")
     first = DeadLetter.objects.order_by("id").values_list("id", flat=True)[0]
-    deep = DeadLetter.objects.filter(channel__slug=MIDDLE, status="new").order_by("id")
+    deep = DeadLetter.objects.filter(channel__slug=MIDDLE, state__status="new").order_by("id")
     # 20 rows in (each channel holds ENTRIES / CHANNELS entries): a keyset page past the first.
     deep_after = deep.values_list("id", flat=True)[min(20, deep.count() - 1)]
     return {

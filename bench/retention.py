@@ -58,8 +58,9 @@ def prepare(part: Any, now: dt.datetime) -> None:
     started = time.perf_counter()
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute(
-            f"UPDATE {part.name} SET status = 'discarded' "
-            "WHERE status NOT IN ('replayed', 'discarded')"
+            "UPDATE dlq_entrystate SET status = 'discarded' "
+            "WHERE entry_id >= %s AND entry_id < %s AND status NOT IN ('replayed', 'discarded')",
+            [part.lower, part.upper],
         )
         updated = cursor.rowcount
         cursor.execute(f"SELECT max(ingested_at), array_agg(DISTINCT channel_id) FROM {part.name}")

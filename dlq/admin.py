@@ -57,9 +57,9 @@ def _table(rows: list[tuple[str, str]]) -> SafeString:
 @admin.register(DeadLetter)
 class DeadLetterAdmin(ReadOnlyAdmin):
     list_display = ["id", "channel", "source", "status", "reason", "dead_lettered_at"]
-    list_filter = ["source", "status", "channel"]
+    list_filter = ["source", ("state__status", admin.ChoicesFieldListFilter), "channel"]
     search_fields = ["search_text"]
-    list_select_related = ["channel"]
+    list_select_related = ["channel", "state"]
     fields = readonly_fields = (
         "entry_page",
         "channel_shown",
@@ -90,6 +90,10 @@ class DeadLetterAdmin(ReadOnlyAdmin):
     idempotency_key_shown = _shown("idempotency_key", "idempotency key")
     message_type_shown = _shown("message_type", "message type")
     content_type_shown = _shown("content_type", "content type")
+
+    @admin.display(description="status", ordering="state__status")
+    def status(self, obj: DeadLetter) -> str:
+        return obj.get_status_display()
 
     @admin.display(description="triage")
     def entry_page(self, obj: DeadLetter) -> SafeString:
@@ -150,6 +154,10 @@ class FailureGroupAdmin(ReadOnlyAdmin):
     error_class_shown = _shown("error_class", "error class")
     normalized_error_shown = _shown("normalized_error", "normalized error")
     message_type_shown = _shown("message_type", "message type")
+
+    @admin.display(description="status", ordering="state__status")
+    def status(self, obj: DeadLetter) -> str:
+        return obj.get_status_display()
 
     @admin.display(description="triage")
     def group_page(self, obj: FailureGroup) -> SafeString:

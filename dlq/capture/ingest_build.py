@@ -26,7 +26,7 @@ from channels_registry.models import (
 )
 from dlq.capture import message
 from dlq.capture.fingerprint import fingerprint
-from dlq.models import DeadLetter, Source, Status
+from dlq.models import DeadLetter, Source
 from dlq.text import redaction, render
 
 SEARCH_TEXT_LIMIT = 4000
@@ -229,7 +229,6 @@ def build_entry(channel: Channel, letter: Letter, source: str, now: dt.datetime)
         {
             "channel_id": channel.pk,
             "source": t.source,
-            "status": Status.NEW.value,
             "dedupe_key": letter.dedupe_key[:200],
             "body": letter.body,
             "body_sha256": hashlib.sha256(letter.body).hexdigest(),

@@ -14,9 +14,9 @@ This module:
   id above them, so an insert never fails for lack of a partition.
 * ``drop_expired_partitions`` removes a whole closed partition when every row in it is past
   its own channel's retention (resolved, on a channel that declares a window, ingested before
-  ``now - retention_s``); its dependants (search text, dedupe keys, replay items, parent links,
-  group samples) go first, and one audit event per partition says what went and why. The
-  partition is detached (retrying for the parent's brief exclusive lock) and truncated in that
+  ``now - retention_s``); its dependants (search text, states, dedupe keys, replay items,
+  parent links, group samples) go first, and one audit event per partition says what went and
+  why. The partition is detached (retrying for the parent's brief exclusive lock) and truncated in that
   transaction, and the empty table dropped after it, or by a later run when its foreign keys'
   tables are too busy to lock. A
   partition with even one row its channel's policy still keeps stays, and the row-by-row
@@ -41,6 +41,7 @@ TABLE = "dlq_deadletter"
 DEFAULT = "dlq_deadletter_default"
 SEQUENCE = "dlq_deadletter_id_seq"
 KEYS = "dlq_deadletter_key"
+STATE = "dlq_entrystate"
 #: Partitions kept ready above the sequence's current value.
 AHEAD = 2
 #: How long a drop waits for its brief exclusive lock before giving up until the next run
@@ -143,14 +144,15 @@ def ensure_partitions(ahead: int = AHEAD) -> list[Partition]:
 #: A row this partition's policy still keeps: unresolved, on a channel without a retention
 #: window, or ingested within its channel's window.
 _KEPT = (
-    "(d.status NOT IN ('replayed', 'discarded') OR c.retention_s IS NULL "
+    "(s.status IS DISTINCT FROM 'replayed' AND s.status IS DISTINCT FROM 'discarded' "
+    "OR c.retention_s IS NULL "
     "OR c.retention_s <= 0 OR d.ingested_at >= %(now)s - c.retention_s * interval '1 second')"
 )
 #: The newest kept row, newest id first: a partition that is not done yet is rejected on the
 #: first rows read.
 _KEPT_ROW = (
     "SELECT d.id FROM {part} d JOIN channels_registry_channel c ON c.id = d.channel_id "
-    f"WHERE {_KEPT} ORDER BY d.id DESC LIMIT 1"
+    f"LEFT JOIN {STATE} s ON s.entry_id = d.id WHERE {_KEPT} ORDER BY d.id DESC LIMIT 1"
 )
 
 
@@ -159,7 +161,8 @@ def _newest_is_expired(cursor: Any, part: Partition, now: dt.datetime) -> bool:
     full check only when it is past its channel's retention. False for an empty partition."""
     cursor.execute(
         f"SELECT {_KEPT} FROM (SELECT * FROM {part.name} ORDER BY id DESC LIMIT 1) d "
-        "JOIN channels_registry_channel c ON c.id = d.channel_id",
+        "JOIN channels_registry_channel c ON c.id = d.channel_id "
+        f"LEFT JOIN {STATE} s ON s.entry_id = d.id",
         {"now": now},
     )
     row = cursor.fetchone()
@@ -190,6 +193,7 @@ def _drop_dependants(cursor: Any, part: Partition) -> None:
     bounds = {"lower": part.lower, "upper": part.upper}
     in_part = "BETWEEN %(lower)s AND %(upper)s - 1"
     cursor.execute(f"DELETE FROM dlq_searchtext WHERE entry_id {in_part}", bounds)
+    cursor.execute(f"DELETE FROM {STATE} WHERE entry_id {in_part}", bounds)
     cursor.execute(f"DELETE FROM dlq_replayitem WHERE entry_id {in_part}", bounds)
     cursor.execute(
         f"UPDATE dlq_failuregroup SET sample_id = NULL WHERE sample_id {in_part}", bounds

@@ -31,7 +31,7 @@ def expired(channel: Channel, now: dt.datetime) -> QuerySet[DeadLetter]:
         return DeadLetter.objects.none()
     cutoff = now - dt.timedelta(seconds=channel.retention_s)
     return DeadLetter.objects.filter(
-        channel=channel, status__in=RESOLVED, purged_at__isnull=True, ingested_at__lt=cutoff
+        channel=channel, state__status__in=RESOLVED, purged_at__isnull=True, ingested_at__lt=cutoff
     )
 
 

@@ -3,11 +3,12 @@ discard plans with their items (``plans``), the groups' hourly counts (``trends`
 ``pk__any`` lookup. Every model is imported here so Django registers it with the app."""
 
 from dlq.models.entries import (
+    OPEN_Q,
     REPEAT_OFFENDER_REPLAYS,
     RESOLVED,
-    UNRESOLVED_Q,
     DeadLetter,
     DeadLetterKey,
+    EntryState,
     FailureGroup,
     SearchText,
     Source,
@@ -15,6 +16,7 @@ from dlq.models.entries import (
     count_unresolved,
     refresh_group_counts,
     refresh_open_counts,
+    set_status,
 )
 from dlq.models.plans import (
     FINISHED,
@@ -31,12 +33,13 @@ from dlq.models.trends import GroupHour
 __all__ = [
     "FINISHED",
     "HOLDING_ITEMS",
+    "OPEN_Q",
     "REPEAT_OFFENDER_REPLAYS",
     "RESOLVED",
     "RUNNABLE",
-    "UNRESOLVED_Q",
     "DeadLetter",
     "DeadLetterKey",
+    "EntryState",
     "FailureGroup",
     "GroupHour",
     "ItemStatus",
@@ -50,4 +53,5 @@ __all__ = [
     "count_unresolved",
     "refresh_group_counts",
     "refresh_open_counts",
+    "set_status",
 ]

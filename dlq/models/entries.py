@@ -34,8 +34,9 @@ class Status(models.TextChoices):
 
 # Entries in these states are resolved: their payload may be purged after the retention window.
 RESOLVED = (Status.REPLAYED, Status.DISCARDED)
-#: Entries still waiting for triage (the partial indexes below serve these counts).
-UNRESOLVED_Q = ~models.Q(status__in=RESOLVED)
+#: Entry states still waiting for triage, on ``EntryState`` (its partial indexes serve these
+#: counts; ``~Q(state__status__in=RESOLVED)`` on ``DeadLetter``).
+OPEN_Q = ~models.Q(status__in=RESOLVED)
 
 
 class FailureGroup(models.Model):
@@ -88,7 +89,6 @@ class DeadLetter(models.Model):
         Channel, on_delete=models.PROTECT, related_name="dead_letters", db_index=False
     )
     source = models.CharField(max_length=8, choices=Source.choices, default=Source.DLQ)
-    status = models.CharField(max_length=12, choices=Status.choices, default=Status.NEW)
     dedupe_key = models.CharField(max_length=200, unique=True)
     body = models.BinaryField(null=True, blank=True)
     body_sha256 = models.CharField(max_length=64)
@@ -143,15 +143,10 @@ class DeadLetter(models.Model):
         indexes = [
             models.Index(fields=["channel", "id"], name="dlq_entry_channel_id"),
             models.Index(fields=["group", "id"], name="dlq_entry_group_id"),
-            models.Index(fields=["status", "id"], name="dlq_entry_status_id"),
             models.Index(fields=["reason", "id"], name="dlq_entry_reason_id"),
             models.Index(fields=["idempotency_key"], name="dlq_entry_idem"),
             models.Index(fields=["channel", "message_type", "id"], name="dlq_entry_type_id"),
             models.Index(fields=["dead_lettered_at"], name="dlq_entry_dead_at"),
-            models.Index(fields=["group"], condition=UNRESOLVED_Q, name="dlq_entry_open_group"),
-            models.Index(
-                fields=["channel", "source"], condition=UNRESOLVED_Q, name="dlq_entry_open_channel"
-            ),
         ]
         permissions = [
             ("replay_deadletter", "Can replay dead letters"),
@@ -175,6 +170,15 @@ class DeadLetter(models.Model):
         return self.generation >= REPEAT_OFFENDER_REPLAYS
 
     @property
+    def status(self) -> str:
+        """The entry's status, read from its narrow state row (``EntryState``): select it with
+        ``select_related("state")`` when reading many entries."""
+        return self.state.status
+
+    def get_status_display(self) -> str:
+        return self.state.get_status_display()
+
+    @property
     def is_resolved(self) -> bool:
         return self.status in RESOLVED
 
@@ -192,6 +196,72 @@ class DeadLetter(models.Model):
             return False
         margin = dt.timedelta(seconds=self.channel.retention_s * 0.1)
         return (now or timezone.now()) >= eviction - margin
+
+
+class EntryState(models.Model):
+    """What changes about an entry, in a narrow row of its own: its status.
+
+    The dead-letter row (body, headers, metadata, ~2.5 KB with its indexes) is written once by
+    ingest and never rewritten by a freeze, a replay or a discard; those update this row. It
+    also carries copies of the entry's columns that never change and that the open counts
+    filter by (channel, source, group, times), so the board's "+N stored", the groups'
+    open counts and the alerts read this table's partial indexes alone.
+
+    A trigger makes the row with every insert into ``dlq_deadletter``, whoever inserts, and
+    another copies the columns above when an update names one of them (migration 0015); the
+    row leaves with its entry (the ORM's delete, or the partition drop:
+    ``dlq.capture.partitions``). The entry's state is one primary-key lookup. On SQLite a
+    migration that rebuilds ``dlq_deadletter`` (SQLite's way to alter a column) drops the
+    triggers: such a migration must create them again (``tests/dlq/test_entry_state.py``
+    fails otherwise).
+    """
+
+    # No database constraint: entries leave by whole partitions (retention), and this row
+    # goes with them. CASCADE is the ORM's: deleting an entry deletes its state.
+    entry = models.OneToOneField(
+        DeadLetter,
+        on_delete=models.CASCADE,
+        primary_key=True,
+        db_constraint=False,
+        related_name="state",
+    )
+    status = models.CharField(max_length=12, choices=Status.choices, default=Status.NEW)
+    channel = models.ForeignKey(
+        Channel, on_delete=models.DO_NOTHING, db_constraint=False, db_index=False, related_name="+"
+    )
+    source = models.CharField(max_length=8, choices=Source.choices, default=Source.DLQ)
+    group = models.ForeignKey(
+        FailureGroup,
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        db_index=False,
+        related_name="+",
+    )
+    ingested_at = models.DateTimeField()
+    dead_lettered_at = models.DateTimeField()
+
+    class Meta:
+        indexes = [
+            models.Index(fields=["status", "entry"], name="dlq_state_status_entry"),
+            models.Index(fields=["group"], condition=OPEN_Q, name="dlq_state_open_group"),
+            models.Index(
+                fields=["channel", "source"], condition=OPEN_Q, name="dlq_state_open_channel"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"state of {self.entry_id}: {self.status}"
+
+
+def set_status(entry_ids: list[int], status: str, only: Any = None) -> int:
+    """Set the status of these entries (``only``: a Q on ``EntryState`` they must match, e.g.
+    ``Q(status=Status.REPLAYING)``); returns how many changed. The one write of an entry's
+    status."""
+    rows = EntryState.objects.filter(pk__any=entry_ids)
+    if only is not None:
+        rows = rows.filter(only)
+    return rows.update(status=status)
 
 
 class SearchText(models.Model):
@@ -242,7 +312,7 @@ def refresh_open_counts(entry_ids: list[int]) -> None:
     back to new on a cancel), and a recount cannot drift. Each count reads the partial index.
     """
     groups = (
-        DeadLetter.objects.filter(pk__in=entry_ids, group__isnull=False)
+        EntryState.objects.filter(pk__any=entry_ids, group__isnull=False)
         .values_list("group_id", flat=True)
         .distinct()
     )
@@ -255,10 +325,10 @@ def refresh_group_counts(group_ids: list[int]) -> None:
     if not group_ids:
         return
     open_entries = (
-        DeadLetter.objects.filter(UNRESOLVED_Q, group=models.OuterRef("pk"))
+        EntryState.objects.filter(OPEN_Q, group=models.OuterRef("pk"))
         .order_by()
         .values("group")
-        .annotate(n=models.Count("id"))
+        .annotate(n=models.Count("entry_id"))
         .values("n")
     )
     FailureGroup.objects.filter(pk__in=group_ids).update(
@@ -269,11 +339,12 @@ def refresh_group_counts(group_ids: list[int]) -> None:
 def count_unresolved(channel_ids: list[int], before: dt.datetime) -> dict[int, Unresolved]:
     """Stored dead letters not yet resolved, per channel, ingested up to ``before``: what the
     board and the channel page show beside the broker's own DLQ depth (registered with
-    ``channels_registry.polling`` by ``DlqConfig.ready``). One query on the partial index."""
+    ``channels_registry.polling`` by ``DlqConfig.ready``). One query on the state rows'
+    partial index."""
     rows = (
-        DeadLetter.objects.filter(UNRESOLVED_Q, channel_id__in=channel_ids, ingested_at__lte=before)
+        EntryState.objects.filter(OPEN_Q, channel_id__in=channel_ids, ingested_at__lte=before)
         .values("channel_id", "source")
-        .annotate(n=models.Count("id"), oldest=models.Min("dead_lettered_at"))
+        .annotate(n=models.Count("entry_id"), oldest=models.Min("dead_lettered_at"))
         .order_by()
     )
     counts: dict[int, dict[str, Any]] = {}

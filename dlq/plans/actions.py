@@ -14,13 +14,13 @@ from django.utils import timezone
 
 from audit.actions import Actor, EventSpec, record, record_many
 from dlq.models import (
-    DeadLetter,
     ItemStatus,
     PlanKind,
     PlanStatus,
     ReplayItem,
     ReplayPlan,
     Status,
+    set_status,
 )
 from dlq.models.plans import FINISHED, RUNNABLE
 from dlq.plans import freeze, plan_jobs, plan_state
@@ -300,9 +300,7 @@ def _cancel_items(plan: ReplayPlan, actor: Actor, reason: str, now: dt.datetime)
         )
         entry_ids = [e for _, e in chunk]
         if plan.kind == PlanKind.REPLAY:
-            DeadLetter.objects.filter(pk__in=entry_ids, status=Status.REPLAYING).update(
-                status=Status.NEW
-            )
+            set_status(entry_ids, Status.NEW, only=Q(status=Status.REPLAYING))
             record_many(
                 [
                     EventSpec(

@@ -14,13 +14,14 @@ from django.utils import timezone
 
 from audit.actions import Actor, record
 from dlq.models import (
-    DeadLetter,
+    EntryState,
     ItemStatus,
     PlanStatus,
     ReplayItem,
     ReplayPlan,
     Status,
     refresh_open_counts,
+    set_status,
 )
 from dlq.models.plans import DISCARD_FIELDS, DISCARD_OUTCOME_ACTION
 from dlq.plans import plan_state
@@ -38,13 +39,13 @@ def discard_items(plan: ReplayPlan, items: list[ReplayItem]) -> int:
         return 0
     now = timezone.now()
     ids = [i.entry_id for i in items]
-    states = dict(DeadLetter.objects.filter(pk__in=ids).values_list("pk", "status"))
+    states = dict(EntryState.objects.filter(pk__any=ids).values_list("pk", "status"))
     before = {
         pk: state
         for pk, state in states.items()
         if state not in (Status.DISCARDED, Status.REPLAYING)
     }
-    DeadLetter.objects.filter(pk__in=list(before)).update(status=Status.DISCARDED)
+    set_status(list(before), Status.DISCARDED)
     refresh_open_counts(list(before))
     done = [i for i in items if i.entry_id in before]
     skipped = [i for i in items if i.entry_id not in before]

@@ -52,16 +52,18 @@ from audit.models import AuditEvent
 from dlq.models import (
     RESOLVED,
     DeadLetter,
+    EntryState,
     PlanKind,
     PlanStatus,
     ReplayItem,
     ReplayPlan,
     Status,
     refresh_open_counts,
+    set_status,
 )
 from dlq.models.plans import FINISHED, HOLDING_ITEMS
 from dlq.plans import plan_jobs, plan_state
-from dlq.plans.preview import Selection, ids_digest, plannable_entries
+from dlq.plans.preview import PLANNABLE, Selection, ids_digest, plannable_entries
 from dlq.triage.filters import EntryFilter
 
 LEASE_S = 60.0  # renewed by every chunk; a crashed freezer's plan is taken over after this
@@ -136,10 +138,12 @@ def _requester(plan: ReplayPlan) -> Actor:
 
 def _next_rows(
     plan: ReplayPlan, selection: Selection, entries: QuerySet[DeadLetter], size: int
-) -> list[tuple[int, dt.datetime, str]]:
-    """The next ``size`` plannable entries after the cursor, in replay order, locked. Whether
-    another plan holds them is ``_held``'s test: as an anti-join here it would read every
-    item of the open plans (this one's too, up to the whole selection) for every chunk."""
+) -> list[tuple[int, dt.datetime, str | None]]:
+    """The next ``size`` plannable entries after the cursor, in replay order, with their status
+    read under a lock on their state rows (None: an entry whose state changed meanwhile, no
+    longer plannable). Whether another plan holds them is ``_held``'s test: as an anti-join
+    here it would read every item of the open plans (this one's too, up to the whole
+    selection) for every chunk."""
     chosen = plannable_entries(plan.kind, selection.queryset(entries)).filter(
         pk__lte=plan.freeze_spec.get("upto_id") or 0
     )
@@ -149,10 +153,20 @@ def _next_rows(
         chosen = chosen.filter(dead_lettered_at__gte=at).filter(
             Q(dead_lettered_at__gt=at) | Q(pk__gt=last)
         )
-    chosen = chosen.order_by("dead_lettered_at", "id")
+    rows = list(
+        chosen.order_by("dead_lettered_at", "id").values_list("id", "dead_lettered_at")[:size]
+    )
+    if not rows:
+        return []
+    # The lock is on what a plan changes, the narrow state rows, taken in id order (as every
+    # writer of many states takes them) and re-checked on the row: the wide rows stay unlocked.
+    states = EntryState.objects.filter(
+        pk__any=[r[0] for r in rows], status__in=PLANNABLE[PlanKind(plan.kind)]
+    ).order_by("pk")
     if connection.vendor == "postgresql":
-        chosen = chosen.select_for_update(of=("self",))
-    return list(chosen.values_list("id", "dead_lettered_at", "status")[:size])
+        states = states.select_for_update()
+    status = dict(states.values_list("pk", "status"))
+    return [(pk, at, status.get(pk)) for pk, at in rows]
 
 
 def _held(plan: ReplayPlan, ids: list[int]) -> set[int]:
@@ -308,13 +322,14 @@ def freeze_chunk(
     if not rows:
         return None
     last_id, last_at = rows[-1][0], rows[-1][1]
+    rows = [r for r in rows if r[2] is not None]
     held = _held(plan, [r[0] for r in rows])
     rows = [r for r in rows if r[0] not in held]
     ids = [r[0] for r in rows]
     if ids:
         _insert_items(plan, ids, plan.frozen)
         if plan.kind == PlanKind.REPLAY:
-            DeadLetter.objects.filter(pk__any=ids).update(status=Status.REPLAYING)
+            set_status(ids, Status.REPLAYING)
             _audit_request(plan, ids, plan.frozen, actor)
     _advance(plan, owner, len(ids), last_at, last_id)
     reopened = [pk for pk, _at, status in rows if status in RESOLVED]

@@ -159,11 +159,18 @@ def held_by_open_plans() -> Exists:
     )
 
 
+#: The statuses a new plan of each kind may take an entry in: a replay takes none being
+#: replayed, a discard none being replayed or already discarded.
+PLANNABLE = {
+    PlanKind.REPLAY: (Status.NEW, Status.REPLAYED, Status.FAILED, Status.DISCARDED),
+    PlanKind.DISCARD: (Status.NEW, Status.REPLAYED, Status.FAILED),
+}
+
+
 def plannable_entries(kind: str, entries: QuerySet[DeadLetter]) -> QuerySet[DeadLetter]:
     """Entries whose own state lets a new plan take them (not yet whether a plan holds them)."""
-    if kind == PlanKind.DISCARD:
-        return entries.exclude(status__in=[Status.DISCARDED, Status.REPLAYING])
-    return entries.exclude(status=Status.REPLAYING).filter(purged_at__isnull=True)
+    entries = entries.filter(state__status__in=PLANNABLE[PlanKind(kind)])
+    return entries if kind == PlanKind.DISCARD else entries.filter(purged_at__isnull=True)
 
 
 def eligible_entries(kind: str, entries: QuerySet[DeadLetter]) -> QuerySet[DeadLetter]:
@@ -186,7 +193,9 @@ def replayed_before_q() -> Q:
     """Entries some earlier plan already published (or tried to), or whose replay came back."""
     tried = ReplayItem.objects.filter(entry=OuterRef("pk"), attempts__gt=0)
     child = DeadLetter.objects.filter(parent=OuterRef("pk"))
-    return Q(status__in=[Status.REPLAYED, Status.FAILED]) | Q(Exists(tried)) | Q(Exists(child))
+    return (
+        Q(state__status__in=[Status.REPLAYED, Status.FAILED]) | Q(Exists(tried)) | Q(Exists(child))
+    )
 
 
 def _older_schema_warnings(channel: Channel, entries: QuerySet[DeadLetter]) -> list[Warn]:
@@ -398,14 +407,16 @@ def _excluded(kind: str, chosen: QuerySet[DeadLetter], left_out: int) -> dict[st
     own state first; whatever remains is held by another open plan."""
     if kind == PlanKind.DISCARD:
         own = chosen.order_by().aggregate(
-            discarded=Count("pk", filter=Q(status=Status.DISCARDED)),
-            replaying=Count("pk", filter=Q(status=Status.REPLAYING)),
+            discarded=Count("pk", filter=Q(state__status=Status.DISCARDED)),
+            replaying=Count("pk", filter=Q(state__status=Status.REPLAYING)),
         )
         labels = {"discarded": "already discarded", "replaying": "being replayed"}
     else:
         own = chosen.order_by().aggregate(
-            replaying=Count("pk", filter=Q(status=Status.REPLAYING)),
-            purged=Count("pk", filter=~Q(status=Status.REPLAYING) & Q(purged_at__isnull=False)),
+            replaying=Count("pk", filter=Q(state__status=Status.REPLAYING)),
+            purged=Count(
+                "pk", filter=~Q(state__status=Status.REPLAYING) & Q(purged_at__isnull=False)
+            ),
         )
         labels = {"replaying": "being replayed", "purged": "payload purged"}
     excluded = {labels[k]: int(v or 0) for k, v in own.items()}

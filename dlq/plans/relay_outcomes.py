@@ -25,7 +25,7 @@ from django.utils import timezone
 from audit.actions import Actor, record
 from audit.models import Outcome
 from brokers.base import PublishOutcome
-from dlq.models import DeadLetter, ItemStatus, ReplayItem, ReplayPlan, Status
+from dlq.models import ItemStatus, ReplayItem, ReplayPlan, Status, set_status
 from dlq.models.plans import OUTCOME_ACTION, OUTCOME_FIELDS
 
 BACKOFF_BASE_S = 1.0
@@ -155,7 +155,7 @@ def _record_confirmed(ok: list[ReplayItem], now: dt.datetime, event_id: int | No
     n_ok = ReplayItem.objects.filter(pk__any=[i.pk for i in ok], status=ItemStatus.SENDING).update(
         status=ItemStatus.CONFIRMED, finished_at=now, last_error="", outcome_event=event_id
     )
-    DeadLetter.objects.filter(pk__any=[i.entry_id for i in ok]).update(status=Status.REPLAYED)
+    set_status([i.entry_id for i in ok], Status.REPLAYED)
     return n_ok
 
 
@@ -168,6 +168,4 @@ def _record_failed(
             status=ItemStatus.FAILED, finished_at=now, last_error=reason, outcome_event=event_id
         )
     if failed:
-        DeadLetter.objects.filter(pk__any=[i.entry_id for i, _ in failed]).update(
-            status=Status.FAILED
-        )
+        set_status([i.entry_id for i, _ in failed], Status.FAILED)

@@ -23,7 +23,8 @@ def entries_for_user(request: HttpRequest) -> QuerySet[DeadLetter]:
 
 def get_entry_for_user(request: HttpRequest, pk: int) -> DeadLetter:
     return get_object_or_404(
-        entries_for_user(request).select_related("channel", "channel__broker", "group"), pk=pk
+        entries_for_user(request).select_related("channel", "channel__broker", "group", "state"),
+        pk=pk,
     )
 
 

@@ -188,7 +188,7 @@ def dead_letter_list(request: Request) -> Response:
     size = min(max(data.pop("limit", PAGE_SIZE), 1), MAX_PAGE_SIZE)
     after_id = parse_id(data.pop("after", None))
     f = entry_filter(data)
-    entries = f.apply(entries_visible.select_related("channel"))
+    entries = f.apply(entries_visible.select_related("channel", "state"))
     page = keyset_page(entries, after_id, size)
     next_url = None
     if page.next_after:

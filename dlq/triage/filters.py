@@ -128,7 +128,7 @@ class EntryFilter:
         if self.source:
             entries = entries.filter(source=self.source)
         if self.status:
-            entries = entries.filter(status=self.status)
+            entries = entries.filter(state__status=self.status)
         if self.group:
             entries = entries.filter(group_id=self.group)
         if self.reason:

@@ -39,7 +39,7 @@ GROUPS_SHOWN = 200
 #: What an entry list row shows (``dlq.triage.entries_html``): never the body (up to 1 MiB), headers
 #: or search text, and of the channel only its slug and retention (the eviction warning).
 ENTRY_ROW_FIELDS = (
-    "channel__slug", "channel__retention_s", "source", "status", "message_type", "reason",
+    "channel__slug", "channel__retention_s", "source", "state__status", "message_type", "reason",
     "error_class", "error_message", "idempotency_key", "missing_idempotency_key",
     "dead_lettered_at", "ingested_at", "size", "generation", "parent_id", "purged_at",
 )  # fmt: skip
@@ -106,7 +106,7 @@ def group_list(request: HtmxHttpRequest) -> HttpResponse:
 
 def _row_columns(entries: QuerySet[DeadLetter]) -> QuerySet[DeadLetter]:
     """Only what a row shows: never 50 bodies (up to 1 MiB each), headers or search text."""
-    return entries.select_related("channel").only(*ENTRY_ROW_FIELDS)
+    return entries.select_related("channel", "state").only(*ENTRY_ROW_FIELDS)
 
 
 @require_GET

@@ -132,7 +132,11 @@ def test_dead_letters_page_once_resolve_once_and_a_down_receiver_fails_visibly(
 
     # 4. Drain: on-call discards the dead letters; the next poll and evaluation resolve.
     call_command("discard", "--channel", "orders", "--reason", "fixed upstream", "--yes")
-    assert not DeadLetter.objects.filter(channel=channel).exclude(status=Status.DISCARDED).exists()
+    assert (
+        not DeadLetter.objects.filter(channel=channel)
+        .exclude(state__status=Status.DISCARDED)
+        .exists()
+    )
     call_command("poll", "--once")
     with django_capture_on_commit_callbacks(execute=True):
         do_evaluate_alerts()

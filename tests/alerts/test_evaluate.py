@@ -17,7 +17,7 @@ from channels_registry.models import BrokerPollState, Channel
 from dlq.models import DeadLetter, Status
 from tests.alerts.conftest import polled, set_health, webhook
 from tests.conftest import make_broker, make_channel
-from tests.dlq.conftest import letter, store
+from tests.dlq.conftest import letter, store, update_entries
 
 pytestmark = pytest.mark.django_db
 
@@ -83,7 +83,7 @@ def test_drained_dlq_resolves_and_queues_one_resolve_per_destination_that_got_th
     do_evaluate_alerts(at(10))
     # A destination added after the alert fired gets no resolve for it.
     webhook("http://127.0.0.1:9/other", name="late")
-    DeadLetter.objects.update(status=Status.DISCARDED)
+    update_entries(DeadLetter.objects.all(), status=Status.DISCARDED)
     set_health(channel, at(15))
     do_evaluate_alerts(at(20))
     alert = Alert.objects.get(rule="dlq-depth")

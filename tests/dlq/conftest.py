@@ -13,7 +13,7 @@ from brokers.base import Address, BrokerAdapter, DrainSession, Publisher
 from brokers.base import DeadLetter as Letter
 from channels_registry.models import Channel
 from dlq.capture import adapters, ingest, search
-from dlq.models import DeadLetter, Source
+from dlq.models import DeadLetter, Source, set_status
 
 _seq = itertools.count(1)
 
@@ -46,6 +46,21 @@ def store(channel: Channel, *letters: Letter, source: str = Source.DLQ) -> list[
     search.index_entries(ids)  # as ingest_channel does after the ack
     keys = [lt.dedupe_key for lt in letters]
     return list(DeadLetter.objects.filter(dedupe_key__in=keys).order_by("id"))
+
+
+def update_entries(entries: Any, **changes: Any) -> None:
+    """``QuerySet.update`` of dead letters for a test's set-up (``entries``: a queryset or a
+    list of entries), with ``status`` written where it lives, the entries' state rows."""
+    ids = (
+        [e.pk for e in entries]
+        if isinstance(entries, list)
+        else list(entries.values_list("pk", flat=True))
+    )
+    status = changes.pop("status", None)
+    if changes:
+        DeadLetter.objects.filter(pk__in=ids).update(**changes)
+    if status is not None:
+        set_status(ids, status)
 
 
 class FakeSession(DrainSession):

@@ -88,7 +88,7 @@ def test_ingest_replay_and_second_death_on_activemq(app: App, oncall: User, layo
     plan = plan_for(entries, oncall)
     done = relay.run_plan(plan.pk)
     assert (done.status, done.confirmed) == (PlanStatus.DONE, len(bodies))
-    assert set(DeadLetter.objects.values_list("status", flat=True)) == {Status.REPLAYED}
+    assert set(DeadLetter.objects.values_list("state__status", flat=True)) == {Status.REPLAYED}
     app.conn.subscribe(f"/queue/{queue}", "replayed", ack="client-individual")
     frames = app.wait(len(bodies))
     assert sorted(f.body for f in frames) == sorted(bodies)

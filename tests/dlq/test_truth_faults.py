@@ -163,7 +163,7 @@ def test_replay_to_nats_without_jetstream_waits_and_spends_no_attempt(
     assert "JetStream does not answer" in plan.status_note
     items = ReplayItem.objects.filter(plan=plan)
     assert {i.attempts for i in items} == {0}
-    assert set(DeadLetter.objects.values_list("status", flat=True)) == {"replaying"}
+    assert set(DeadLetter.objects.values_list("state__status", flat=True)) == {"replaying"}
 
 
 @pytest.fixture
@@ -206,4 +206,4 @@ def test_replay_to_an_activemq_that_never_answers_waits_and_spends_no_attempt(
     assert "no answer in time" in plan.status_note
     items = ReplayItem.objects.filter(plan=plan)
     assert {i.attempts for i in items} == {0}
-    assert set(DeadLetter.objects.values_list("status", flat=True)) == {"replaying"}
+    assert set(DeadLetter.objects.values_list("state__status", flat=True)) == {"replaying"}

@@ -125,9 +125,9 @@ def test_oncall_triages_and_replays_a_failure_group(journey: Any, rabbit: tuple[
     expect(page.locator("main table")).to_contain_text("Confirmed", timeout=10_000)
     assert page.get_by_role("button", name="Cancel the plan").count() == 0
     tab.shot("5-plan-done")
-    assert set(DeadLetter.objects.filter(channel=channel).values_list("status", flat=True)) == {
-        Status.REPLAYED
-    }
+    assert set(
+        DeadLetter.objects.filter(channel=channel).values_list("state__status", flat=True)
+    ) == {Status.REPLAYED}
 
     # 6. On the broker: three replays with their replay ids, no x-death, keys unchanged.
     replayed = []

@@ -19,7 +19,7 @@ from dlq.capture.trends import hour_of, windows
 from dlq.models import DeadLetter, GroupHour, Status
 from dlq.tasks import purge_expired_task
 from tests.conftest import client_for, make_channel
-from tests.dlq.conftest import letter, store
+from tests.dlq.conftest import letter, store, update_entries
 
 pytestmark = pytest.mark.django_db
 
@@ -80,8 +80,8 @@ def test_stored_hours_do_not_change_with_status_or_purge() -> None:
     entries = _store_mixed(channel, now)
     before = _stored()
     ids = [e.pk for e in entries]
-    DeadLetter.objects.filter(pk__in=ids[:4]).update(status=Status.DISCARDED)
-    DeadLetter.objects.filter(pk__in=ids[4:7]).update(status=Status.REPLAYED)
+    update_entries(DeadLetter.objects.filter(pk__in=ids[:4]), status=Status.DISCARDED)
+    update_entries(DeadLetter.objects.filter(pk__in=ids[4:7]), status=Status.REPLAYED)
     DeadLetter.objects.update(ingested_at=now - dt.timedelta(hours=1))
     assert do_purge_expired(timezone.now()).purged == 7
     assert DeadLetter.objects.filter(purged_at__isnull=False).count() == 7

@@ -16,6 +16,7 @@ from dlq.capture.retention import do_purge_expired
 from dlq.models import (
     DeadLetter,
     DeadLetterKey,
+    EntryState,
     FailureGroup,
     ReplayItem,
     ReplayPlan,
@@ -23,7 +24,7 @@ from dlq.models import (
     Status,
 )
 from tests.conftest import make_channel
-from tests.dlq.conftest import letter, store
+from tests.dlq.conftest import letter, store, update_entries
 
 pytestmark = pytest.mark.django_db
 
@@ -131,8 +132,10 @@ def test_dedupe_holds_across_partitions(small: None) -> None:
 
 
 def _expire(rows: list[DeadLetter], status: str = Status.DISCARDED) -> None:
-    DeadLetter.objects.filter(pk__in=[e.pk for e in rows]).update(
-        status=status, ingested_at=timezone.now() - OLD
+    update_entries(
+        DeadLetter.objects.filter(pk__in=[e.pk for e in rows]),
+        status=status,
+        ingested_at=timezone.now() - OLD,
     )
 
 
@@ -157,6 +160,8 @@ def test_retention_drops_a_partition_whose_every_entry_is_past_policy(small: Non
     assert doomed.name not in _names()
     assert not DeadLetter.objects.filter(pk__in=[e.pk for e in old]).exists()
     assert not SearchText.objects.filter(entry_id__in=[e.pk for e in old]).exists()
+    assert not EntryState.objects.filter(entry_id__in=[e.pk for e in old]).exists()
+    assert EntryState.objects.filter(entry_id__in=[e.pk for e in newer]).count() == 2
     assert not DeadLetterKey.objects.filter(dedupe_key__in=[e.dedupe_key for e in old]).exists()
     assert not ReplayItem.objects.filter(plan=plan).exists()
     assert DeadLetter.objects.get(pk=newer[0].pk).parent_id is None
@@ -196,7 +201,7 @@ def test_a_partition_with_one_kept_entry_stays_and_falls_back_to_rows(
     old = _fill(channel, SIZE if keeper != "open" else SIZE - 1)
     _expire(old)
     if keeper == "unresolved":
-        DeadLetter.objects.filter(pk=old[-1].pk).update(status=Status.NEW)
+        update_entries(DeadLetter.objects.filter(pk=old[-1].pk), status=Status.NEW)
     elif keeper == "young":
         DeadLetter.objects.filter(pk=old[-1].pk).update(ingested_at=timezone.now())
     elif keeper == "no retention":

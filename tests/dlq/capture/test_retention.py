@@ -10,7 +10,7 @@ from dlq.capture.retention import do_purge_expired
 from dlq.models import DeadLetter, Status
 from dlq.tasks import purge_expired_task
 from tests.conftest import make_channel
-from tests.dlq.conftest import letter, store
+from tests.dlq.conftest import letter, store, update_entries
 
 pytestmark = pytest.mark.django_db
 
@@ -20,11 +20,13 @@ def test_purge_leaves_tombstones_of_old_resolved_entries_only() -> None:
     entries = store(channel, *[letter(b'{"n": %d}' % i) for i in range(4)])
     old = timezone.now() - dt.timedelta(hours=2)
     DeadLetter.objects.filter(pk__in=[e.pk for e in entries]).update(ingested_at=old)
-    DeadLetter.objects.filter(pk=entries[0].pk).update(status=Status.DISCARDED)
-    DeadLetter.objects.filter(pk=entries[1].pk).update(status=Status.REPLAYED)
+    update_entries(DeadLetter.objects.filter(pk=entries[0].pk), status=Status.DISCARDED)
+    update_entries(DeadLetter.objects.filter(pk=entries[1].pk), status=Status.REPLAYED)
     # entries[2] stays NEW (unresolved: never purged); entries[3] is resolved but recent.
-    DeadLetter.objects.filter(pk=entries[3].pk).update(
-        status=Status.DISCARDED, ingested_at=timezone.now()
+    update_entries(
+        DeadLetter.objects.filter(pk=entries[3].pk),
+        status=Status.DISCARDED,
+        ingested_at=timezone.now(),
     )
     result = do_purge_expired(timezone.now())
     assert result.purged == 2
@@ -46,8 +48,10 @@ def test_purge_runs_in_bounded_batches(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(retention, "PURGE_BATCH", 3)
     channel = make_channel(retention_s=60)
     store(channel, *[letter(b'{"n": %d}' % i) for i in range(7)])
-    DeadLetter.objects.update(
-        status=Status.DISCARDED, ingested_at=timezone.now() - dt.timedelta(hours=1)
+    update_entries(
+        DeadLetter.objects.all(),
+        status=Status.DISCARDED,
+        ingested_at=timezone.now() - dt.timedelta(hours=1),
     )
     assert do_purge_expired(timezone.now(), max_batches=2).purged == 6
     assert AuditEvent.objects.filter(action="dlq.purge").count() == 2
@@ -57,7 +61,9 @@ def test_purge_runs_in_bounded_batches(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_channels_without_retention_keep_everything() -> None:
     channel = make_channel(retention_s=None)
     store(channel, letter())
-    DeadLetter.objects.update(
-        status=Status.DISCARDED, ingested_at=timezone.now() - dt.timedelta(days=3650)
+    update_entries(
+        DeadLetter.objects.all(),
+        status=Status.DISCARDED,
+        ingested_at=timezone.now() - dt.timedelta(days=3650),
     )
     assert do_purge_expired(timezone.now()).purged == 0

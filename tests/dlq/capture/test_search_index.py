@@ -16,7 +16,7 @@ from dlq.models import DeadLetter, SearchText, Status
 from dlq.triage import filters, views
 from dlq.triage.filters import EntryFilter
 from tests.conftest import client_for, make_channel
-from tests.dlq.conftest import FakeAdapter, letter, store
+from tests.dlq.conftest import FakeAdapter, letter, store, update_entries
 
 pytestmark = pytest.mark.django_db
 
@@ -60,8 +60,10 @@ def test_a_crash_between_commit_and_indexing_is_caught_up() -> None:
 def test_purged_entries_leave_the_search_index() -> None:
     channel = make_channel(retention_s=3600)
     [entry] = store(channel, letter(b'{"secret": "purge-me-please"}'))
-    DeadLetter.objects.filter(pk=entry.pk).update(
-        status=Status.DISCARDED, ingested_at=timezone.now() - dt.timedelta(hours=2)
+    update_entries(
+        DeadLetter.objects.filter(pk=entry.pk),
+        status=Status.DISCARDED,
+        ingested_at=timezone.now() - dt.timedelta(hours=2),
     )
     assert _found("purge-me") == {entry.pk}
     assert do_purge_expired(timezone.now()).purged == 1

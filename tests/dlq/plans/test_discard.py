@@ -15,7 +15,7 @@ from dlq.models.plans import DISCARD_OUTCOME_ACTION, outcome_in, outcome_line
 from dlq.plans import discard, relay
 from dlq.plans.preview import Selection, build_preview
 from tests.conftest import client_for, make_channel, make_user
-from tests.dlq.conftest import letter, store
+from tests.dlq.conftest import letter, store, update_entries
 from tests.dlq.replay_helpers import plan_for
 
 pytestmark = pytest.mark.django_db
@@ -66,7 +66,7 @@ def test_discarding_a_filter_audits_every_entry(oncall: User) -> None:
     )
     client.post("/dead-letters/discard/", {"channel": "orders", "action_reason": "cleanup",
                                            "request_key": "d2"})  # fmt: skip
-    assert set(DeadLetter.objects.values_list("status", flat=True)) == {Status.DISCARDED}
+    assert set(DeadLetter.objects.values_list("state__status", flat=True)) == {Status.DISCARDED}
     audited = AuditEvent.objects.filter(action=DISCARD_OUTCOME_ACTION)
     listed = [m[0] for e in audited for m in _after(e)["messages"] if m[2] == "discarded"]
     assert sorted(listed) == sorted(e.pk for e in entries)
@@ -91,14 +91,14 @@ def _awaiting_approval(oncall: User, n: int) -> tuple[list[DeadLetter], ReplayPl
 @override_settings(DLO_FOUR_EYES_THRESHOLD=2)
 def test_bulk_discard_above_the_threshold_waits_for_a_second_person(oncall: User) -> None:
     entries, plan = _awaiting_approval(oncall, 3)
-    assert set(DeadLetter.objects.values_list("status", flat=True)) == {Status.NEW}
+    assert set(DeadLetter.objects.values_list("state__status", flat=True)) == {Status.NEW}
     url = f"/dead-letters/replays/{plan.pk}/approve/"
     client_for(oncall).post(url, {"reason": "self"})
     assert ReplayPlan.objects.get().status == PlanStatus.AWAITING_APPROVAL
     client_for(make_user("olivia", "oncall")).post(url, {"reason": "agreed"})
     plan.refresh_from_db()
     assert plan.status == PlanStatus.DONE and plan.discarded == 3
-    assert set(DeadLetter.objects.values_list("status", flat=True)) == {Status.DISCARDED}
+    assert set(DeadLetter.objects.values_list("state__status", flat=True)) == {Status.DISCARDED}
     events = AuditEvent.objects.filter(action=DISCARD_OUTCOME_ACTION)
     assert sum(_after(e)["discarded"] for e in events) == 3
     assert {_after(e)["approved_by"] for e in events} == {"olivia"}
@@ -108,7 +108,7 @@ def test_bulk_discard_above_the_threshold_waits_for_a_second_person(oncall: User
 def test_an_entry_that_changed_state_is_listed_as_skipped(oncall: User) -> None:
     entries, plan = _awaiting_approval(oncall, 3)
     # Another path changed one entry while the plan waited for its approval.
-    DeadLetter.objects.filter(pk=entries[0].pk).update(status=Status.REPLAYING)
+    update_entries(DeadLetter.objects.filter(pk=entries[0].pk), status=Status.REPLAYING)
     url = f"/dead-letters/replays/{plan.pk}/approve/"
     client_for(make_user("olivia", "oncall")).post(url, {"reason": "agreed"})
     [event] = AuditEvent.objects.filter(action=DISCARD_OUTCOME_ACTION)

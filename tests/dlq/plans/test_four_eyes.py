@@ -83,7 +83,7 @@ def test_entries_of_a_discard_awaiting_approval_cannot_be_taken_by_another_plan(
         "/dead-letters/discard/", {"id": f"{entries[0].pk}", "action_reason": "sneak"}
     )
     assert response.status_code == 400
-    assert set(DeadLetter.objects.values_list("status", flat=True)) == {Status.NEW}
+    assert set(DeadLetter.objects.values_list("state__status", flat=True)) == {Status.NEW}
     # An entry outside the waiting plan is still free.
     free = plan_for([entries[5]], other, kind="discard")
     assert free.total == 1

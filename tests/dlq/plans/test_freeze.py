@@ -24,7 +24,7 @@ from dlq.plans.relay_items import orphaned_plans
 from dlq.triage.filters import EntryFilter
 from dlq.triage.views import entry_history
 from tests.conftest import client_for, make_channel, make_user
-from tests.dlq.conftest import letter, store
+from tests.dlq.conftest import letter, store, update_entries
 
 HOSTILE_REASON = 'fixed <img src=x onerror=alert(1)> "quoted"'
 
@@ -77,7 +77,7 @@ def test_a_large_selection_is_frozen_in_the_background_in_chunks_in_replay_order
     plan = _create(oncall)
     assert plan.status == PlanStatus.FREEZING and plan.total == 10 and plan.frozen == 0
     assert not plan.items.exists()  # the request froze nothing itself
-    assert set(DeadLetter.objects.values_list("status", flat=True)) == {Status.NEW}
+    assert set(DeadLetter.objects.values_list("state__status", flat=True)) == {Status.NEW}
     [created] = AuditEvent.objects.filter(action="dlq.replay.plan")
     assert created.after["entries"] == 10 and created.after["freezing"] == "background"
     assert created.source_ip == "192.0.2.7"
@@ -94,9 +94,9 @@ def test_a_large_selection_is_frozen_in_the_background_in_chunks_in_replay_order
         range(10)
     )
     assert DeadLetter.objects.get(pk=later[0].pk).status == Status.NEW
-    assert set(DeadLetter.objects.exclude(pk=later[0].pk).values_list("status", flat=True)) == {
-        Status.REPLAYING
-    }
+    assert set(
+        DeadLetter.objects.exclude(pk=later[0].pk).values_list("state__status", flat=True)
+    ) == {Status.REPLAYING}
     # One request event per chunk, naming the plan, the person and their reason; together
     # the chunks' digests cover exactly the items, in plan order.
     requests = AuditEvent.objects.filter(action="dlq.replay.request").order_by("id")
@@ -242,7 +242,7 @@ def test_cancelling_a_freezing_plan_stops_the_freeze_and_frees_what_was_frozen(
     cancelled = do_cancel_plan(plan.pk, actor=Actor.for_user(oncall), reason="wrong channel")
     assert cancelled.status == PlanStatus.CANCELLED
     assert cancelled.total == cancelled.cancelled == 3 and cancelled.pending == 0
-    assert set(DeadLetter.objects.values_list("status", flat=True)) == {Status.NEW}
+    assert set(DeadLetter.objects.values_list("state__status", flat=True)) == {Status.NEW}
     result = freeze.run_freeze(plan.pk)
     assert not result.claimed and plan.items.count() == 3
     [event] = AuditEvent.objects.filter(action="dlq.replay.cancel")
@@ -287,7 +287,7 @@ def test_a_large_discard_freezes_in_the_background_and_then_runs(oncall: User) -
     freeze.run_freeze(plan.pk)
     plan.refresh_from_db()
     assert plan.status == PlanStatus.DONE and plan.discarded == 10  # a small discard: at once
-    assert set(DeadLetter.objects.values_list("status", flat=True)) == {Status.DISCARDED}
+    assert set(DeadLetter.objects.values_list("state__status", flat=True)) == {Status.DISCARDED}
 
 
 @SMALL
@@ -350,7 +350,9 @@ def test_other_audited_writers_and_ingest_go_on_while_a_chunk_is_open(
     channel = make_channel()
     resolved = _entries(6, channel)
     # Entries replayed before: freezing them again reopens them (a failure-group recount).
-    DeadLetter.objects.filter(pk__in=[e.pk for e in resolved[:2]]).update(status=Status.REPLAYED)
+    update_entries(
+        DeadLetter.objects.filter(pk__in=[e.pk for e in resolved[:2]]), status=Status.REPLAYED
+    )
     other = store(channel, letter(), letter())  # the second plan's: not in the first one
     plan, _ = do_create_plan(
         "replay", Selection(EntryFilter(), [e.pk for e in resolved]), DeadLetter.objects.all(),
@@ -467,7 +469,7 @@ def test_a_cancel_during_an_open_chunk_rolls_that_chunk_back(
         thread.join(timeout=60)
     assert [getattr(r, "status", r) for r in results] == [PlanStatus.CANCELLED]
     assert plan.items.count() == 3  # the open chunk's items rolled back with it
-    assert set(DeadLetter.objects.values_list("status", flat=True)) == {Status.NEW}
+    assert set(DeadLetter.objects.values_list("state__status", flat=True)) == {Status.NEW}
     [requested] = AuditEvent.objects.filter(action="dlq.replay.request")
     assert requested.after["ids_sha256"] == ids_digest(_replay_order(entries)[:3])
     assert ReplayItem.objects.filter(plan=plan, status=ItemStatus.CANCELLED).count() == 3

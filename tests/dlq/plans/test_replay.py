@@ -31,7 +31,7 @@ from dlq.plans.relay_items import orphaned_plans
 from dlq.triage.views import entry_history
 from tests.conftest import client_for, make_channel, make_user
 from tests.dlq import replay_helpers
-from tests.dlq.conftest import letter, store
+from tests.dlq.conftest import letter, store, update_entries
 from tests.dlq.replay_helpers import RecordingAdapter, plan_for
 
 pytestmark = pytest.mark.django_db
@@ -103,7 +103,7 @@ def test_preview_shows_exact_count_target_and_each_warning(oncall: User) -> None
         letter(headers={"Idempotency-Key": "d", "order_id": 4}),
         letter(b'{"no": "order key"}', headers={"Idempotency-Key": "e"}),
     )
-    DeadLetter.objects.filter(pk=replayed.pk).update(status=Status.REPLAYED)
+    update_entries(DeadLetter.objects.filter(pk=replayed.pk), status=Status.REPLAYED)
     response = client_for(oncall).get("/dead-letters/replay/?channel=orders")
     html = response.content.decode()
     assert response.status_code == 200
@@ -184,7 +184,7 @@ def test_confirming_freezes_a_plan_audited_in_one_go(oncall: User) -> None:
     items = list(plan.items.order_by("position"))
     assert [i.entry_id for i in items] == [e.pk for e in entries]  # original order
     assert {i.status for i in items} == {ItemStatus.PENDING}  # nothing sent in the request
-    assert set(DeadLetter.objects.values_list("status", flat=True)) == {Status.REPLAYING}
+    assert set(DeadLetter.objects.values_list("state__status", flat=True)) == {Status.REPLAYING}
     [event] = AuditEvent.objects.filter(action="dlq.replay.plan")
     assert event.reason == "consumer fixed" and event.after["entries"] == 3
     assert event.after["ids_sha256"] == ids_digest(e.pk for e in entries)
@@ -281,7 +281,7 @@ def test_relay_publishes_to_the_declared_target_with_a_replay_id(
         assert message.headers["x-bin"] == b"\x00\xff"
         assert not [h for h in message.headers if h.startswith(("x-death", "x-first", "x-last"))]
         assert message.body == bytes(entry.body)
-    assert set(DeadLetter.objects.values_list("status", flat=True)) == {Status.REPLAYED}
+    assert set(DeadLetter.objects.values_list("state__status", flat=True)) == {Status.REPLAYED}
     plan.refresh_from_db()
     assert (plan.confirmed, plan.failed, plan.sent, plan.pending) == (3, 0, 3, 0)
     _assert_one_request_and_one_outcome_each(entries)
@@ -427,7 +427,7 @@ def test_cancel_returns_unsent_entries_to_new(oncall: User, publisher: Recording
     plan.refresh_from_db()
     assert plan.status == PlanStatus.CANCELLED and plan.cancelled == 3
     assert set(plan.items.values_list("status", flat=True)) == {ItemStatus.CANCELLED}
-    assert set(DeadLetter.objects.values_list("status", flat=True)) == {Status.NEW}
+    assert set(DeadLetter.objects.values_list("state__status", flat=True)) == {Status.NEW}
     assert relay.run_plan(plan.pk).claimed is False
     assert publisher.sent == []
     _assert_one_request_and_one_outcome_each(entries, cancelled=True)
@@ -572,7 +572,7 @@ def test_a_broker_url_variable_unset_on_the_worker_pauses_the_plan_with_the_reas
     plan.refresh_from_db()
     assert result.status == plan.status == PlanStatus.PAUSED and not result.more
     assert "DLO_BROKER_RABBITMQ_URL" in plan.status_note
-    assert set(DeadLetter.objects.values_list("status", flat=True)) == {Status.REPLAYING}
+    assert set(DeadLetter.objects.values_list("state__status", flat=True)) == {Status.REPLAYING}
     event = AuditEvent.objects.get(action="dlq.replay.pause")
     assert "DLO_BROKER_RABBITMQ_URL" in event.reason and event.outcome == "failed"
     assert (

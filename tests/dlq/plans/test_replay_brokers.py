@@ -102,7 +102,7 @@ def test_rabbitmq_replay_lands_on_the_origin_queue_with_its_replay_id(
         assert headers["Idempotency-Key"] == entry.headers["Idempotency-Key"]
         assert not [h for h in headers if h.startswith(("x-death", "x-first-death", "x-last"))]
         assert props.delivery_mode == 2
-    assert set(DeadLetter.objects.values_list("status", flat=True)) == {Status.REPLAYED}
+    assert set(DeadLetter.objects.values_list("state__status", flat=True)) == {Status.REPLAYED}
     assert len(replay_helpers.recorded_outcomes("replayed")) == 20
 
 
@@ -125,7 +125,7 @@ def test_rabbitmq_unroutable_target_never_reaches_replayed(
     items = list(ReplayItem.objects.filter(plan=plan))
     assert {i.status for i in items} == {ItemStatus.FAILED}
     assert all("unroutable" in i.last_error and i.attempts == 2 for i in items)
-    assert set(DeadLetter.objects.values_list("status", flat=True)) == {Status.FAILED}
+    assert set(DeadLetter.objects.values_list("state__status", flat=True)) == {Status.FAILED}
     assert _consume(connection, f"{queue}.evil") == []
     assert len(replay_helpers.recorded_outcomes("failed")) == 3
 
@@ -286,7 +286,7 @@ def test_activemq_replay_lands_on_the_origin_queue_with_its_replay_id(
         assert headers["message-id"] != entry.properties["message_id"]  # a new message
         assert "dlqDeliveryFailureCause" not in headers and "originalExpiration" not in headers
         assert "original-destination" not in headers
-    assert set(DeadLetter.objects.values_list("status", flat=True)) == {Status.REPLAYED}
+    assert set(DeadLetter.objects.values_list("state__status", flat=True)) == {Status.REPLAYED}
     assert len(replay_helpers.recorded_outcomes("replayed")) == 20
 
 

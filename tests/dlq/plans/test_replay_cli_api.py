@@ -82,7 +82,7 @@ def test_discard_command_discards_with_a_reason() -> None:
     assert "preview only" in _run("discard", "--channel", "orders")
     out = _run("discard", "--channel", "orders", "--reason", "junk", "--yes")
     assert "2 discarded" in out
-    assert set(DeadLetter.objects.values_list("status", flat=True)) == {Status.DISCARDED}
+    assert set(DeadLetter.objects.values_list("state__status", flat=True)) == {Status.DISCARDED}
     [record] = AuditEvent.objects.filter(action="dlq.discard.outcomes", reason="junk")
     assert isinstance(record.after, dict) and record.after["discarded"] == 2
 

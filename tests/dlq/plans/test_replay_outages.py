@@ -147,7 +147,7 @@ def _assert_honest(plan: ReplayPlan, received: list[str], broker: str) -> None:
     final = {i["replay_id"] for i in items}
     copies = collections.Counter(received)
     # 1. every entry REPLAYED, each replay id arrived, no copy carries a foreign id
-    assert set(DeadLetter.objects.values_list("status", flat=True)) == {Status.REPLAYED}
+    assert set(DeadLetter.objects.values_list("state__status", flat=True)) == {Status.REPLAYED}
     assert final <= set(copies) and set(copies) <= final
     extra = len(received) - len(final)
     assert 0 <= extra <= relay.IN_FLIGHT  # duplicates only within the in-flight window

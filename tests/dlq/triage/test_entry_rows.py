@@ -14,7 +14,7 @@ from django.utils import timezone
 from dlq.models import DeadLetter, Source, Status
 from dlq.triage.entries_html import entry_rows_html
 from tests.conftest import client_for, make_channel
-from tests.dlq.conftest import letter, store
+from tests.dlq.conftest import letter, store, update_entries
 
 pytestmark = pytest.mark.django_db
 
@@ -56,8 +56,8 @@ def _entries() -> list[DeadLetter]:
         {"reason": "\x1b\u200b", "status": Status.FAILED},
     ]  # fmt: skip
     for entry, change in zip(stored, variants, strict=True):
-        DeadLetter.objects.filter(pk=entry.pk).update(**change)
-    return list(DeadLetter.objects.select_related("channel").order_by("-id"))
+        update_entries([entry], **change)
+    return list(DeadLetter.objects.select_related("channel", "state").order_by("-id"))
 
 
 @pytest.mark.parametrize("can_bulk", [True, False])

@@ -11,7 +11,7 @@ from django.utils import timezone
 from audit.models import AuditEvent
 from dlq.models import DeadLetter, Status
 from tests.conftest import client_for, make_channel
-from tests.dlq.conftest import letter, store
+from tests.dlq.conftest import letter, store, update_entries
 
 pytestmark = pytest.mark.django_db
 
@@ -204,8 +204,10 @@ def test_non_json_body_is_hidden_when_body_rules_cannot_apply(viewer: User) -> N
 def test_pages_warn_about_entries_close_to_eviction(viewer: User) -> None:
     channel = make_channel(retention_s=1000)
     [entry] = store(channel, letter())
-    DeadLetter.objects.filter(pk=entry.pk).update(
-        status=Status.DISCARDED, ingested_at=timezone.now() - dt.timedelta(seconds=950)
+    update_entries(
+        DeadLetter.objects.filter(pk=entry.pk),
+        status=Status.DISCARDED,
+        ingested_at=timezone.now() - dt.timedelta(seconds=950),
     )
     client = client_for(viewer)
     assert "evicts soon" in client.get("/dead-letters/list/").content.decode()
