@@ -16,11 +16,11 @@ This module:
   its own channel's retention (resolved, on a channel that declares a window, ingested before
   ``now - retention_s``); its dependants (search text, states, dedupe keys, replay items,
   parent links, group samples) go first, and one audit event per partition says what went and
-  why. The partition is detached (retrying for the parent's brief exclusive lock) and truncated in that
-  transaction, and the empty table dropped after it, or by a later run when its foreign keys'
-  tables are too busy to lock. A
-  partition with even one row its channel's policy still keeps stays, and the row-by-row
-  purge (``dlq.capture.retention.do_purge_expired``) tombstones what it may.
+  why. The partition is detached (retrying for the parent's brief exclusive lock) and
+  truncated in that transaction, and the empty table dropped after it, or by a later run when
+  its foreign keys' tables are too busy to lock. A partition with even one row its channel's
+  policy still keeps stays, and the row-by-row purge
+  (``dlq.capture.retention.do_purge_expired``) tombstones what it may.
 """
 
 from __future__ import annotations
