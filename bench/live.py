@@ -549,6 +549,10 @@ def run_clients(
     pids = {"server": [server.pid], "clients": [p.pid for p in processes], "poller": [os.getpid()]}
     cpu_start = {name: sum(map(cpu_s, group)) for name, group in pids.items()}
     wall_start = time.monotonic()
+    if os.environ.get("BENCH_SETTLE_HEAP", "0") == "1":  # as a poller process would at start
+        from config.startup import settle_heap
+
+        print(f"  poller's heap settled: {settle_heap():,} objects frozen")
     thread = threading.Thread(target=poller, args=(broker_id, cycle, done), daemon=True)
     thread.start()
     until = time.monotonic() + CYCLES * 120

@@ -189,7 +189,7 @@ def _assert_every_entry_accounted_for(fault: dict[str, Any], crashes: int) -> in
     """Returns the number of extra copies that reached the queue."""
     with _pg(fault["db"]) as conn:
         statuses = dict(
-            conn.execute("SELECT status, count(*) FROM dlq_deadletter GROUP BY status").fetchall()
+            conn.execute("SELECT status, count(*) FROM dlq_entrystate GROUP BY status").fetchall()
         )
         items = conn.execute("SELECT id, status, replay_id FROM dlq_replayitem").fetchall()
         audit = [
