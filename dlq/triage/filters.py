@@ -20,7 +20,7 @@ from django.utils import timezone
 from django.utils.dateparse import parse_date, parse_datetime
 
 from channels_registry.models import Channel
-from dlq.models import DeadLetter, SearchText, Source, Status
+from dlq.models import DeadLetter, EntryState, SearchText, Source, Status
 
 PAGE_SIZE = 50
 MAX_PAGE_SIZE = 200
@@ -178,9 +178,20 @@ def keyset_page(entries: QuerySet[DeadLetter], after: int | None, size: int) -> 
     """Up to ``size`` rows with ``id < after``, newest first, and the cursor of the next page."""
     if after:
         entries = entries.filter(id__lt=after)
+        if _joins_state(entries):
+            # The same bound on the state rows' side: the planner does not carry ``id < after``
+            # across the join, and a merge join would walk their key from the newest entry down
+            # to ``after`` (450,000 rows for the middle of 1M, 55 ms) to find the first match.
+            entries = entries.filter(state__entry_id__lt=after)
     rows = list(entries.order_by("-id")[: size + 1])
     next_after = rows[size - 1].pk if len(rows) > size else None
     return Page(rows[:size], next_after)
+
+
+def _joins_state(entries: QuerySet[DeadLetter]) -> bool:
+    """Whether a filter of ``entries`` reads the entries' state rows (the status filter)."""
+    table = EntryState._meta.db_table
+    return any(getattr(j, "table_name", None) == table for j in entries.query.alias_map.values())
 
 
 @dataclasses.dataclass

@@ -90,6 +90,13 @@ def test_status_reads_filters_and_open_counts_use_the_state_rows(oncall: User) -
     html = client.get("/dead-letters/list/?status=failed").content.decode()
     assert f"/dead-letters/{entries[1].pk}/" in html
     assert f"/dead-letters/{entries[0].pk}/" not in html
+    # A keyset page under a status filter (the state rows' side is bounded too).
+    deep = client.get(f"/dead-letters/list/?status=new&after={entries[3].pk}").content.decode()
+    assert f"/dead-letters/{entries[2].pk}/" in deep
+    assert f"/dead-letters/{entries[3].pk}/" not in deep
+    assert f"/dead-letters/{entries[1].pk}/" not in deep  # failed
+    api_deep = client.get(f"/api/dead-letters/?status=new&after={entries[3].pk}").json()
+    assert [e["id"] for e in api_deep["results"]] == [entries[2].pk]
     discarded = client.get("/api/dead-letters/?status=discarded").json()["results"]
     assert [(e["id"], e["status"]) for e in discarded] == [(entries[0].pk, "discarded")]
     listed = client.get("/api/dead-letters/?status=new").json()["results"]
