@@ -211,11 +211,11 @@ def make_entries(channel_ids: list[int], groups: list[list[int]], now: dt.dateti
             UPDATE {FailureGroup._meta.db_table} fg
             SET count = x.n, open_count = x.open, sample_id = x.sample,
                 first_seen = x.first, last_seen = x.last
-            FROM (SELECT group_id, count(*) AS n, min(id) AS sample,
-                         min(dead_lettered_at) AS first, max(dead_lettered_at) AS last,
-                         count(*) FILTER (WHERE status NOT IN ('replayed', 'discarded')) AS open
-                  FROM {DeadLetter._meta.db_table}
-                  JOIN {EntryState._meta.db_table} ON entry_id = id GROUP BY group_id) x
+            FROM (SELECT d.group_id, count(*) AS n, min(d.id) AS sample,
+                         min(d.dead_lettered_at) AS first, max(d.dead_lettered_at) AS last,
+                         count(*) FILTER (WHERE s.status NOT IN ('replayed', 'discarded')) AS open
+                  FROM {DeadLetter._meta.db_table} d
+                  JOIN {EntryState._meta.db_table} s ON s.entry_id = d.id GROUP BY d.group_id) x
             WHERE x.group_id = fg.id
             """
         )
