@@ -11,6 +11,7 @@ import pytest
 from django.contrib.auth.models import Group, User
 from django.core.cache import cache
 from django.db import connection
+from django.db.migrations.executor import MigrationExecutor
 from django.test import Client
 
 from audit import triggers
@@ -200,3 +201,12 @@ def broker_required(service: str, exc: BaseException) -> None:
     if os.environ.get("CI"):
         pytest.fail(message)
     pytest.skip(message)
+
+
+def migrate_to(targets: list[tuple[str, str]]) -> MigrationExecutor:
+    """Migrate the test database to ``targets`` (forwards or backwards), for the tests of a
+    migration on existing data (``transaction=True`` tests); returns the executor."""
+    executor = MigrationExecutor(connection)
+    executor.loader.build_graph()
+    executor.migrate(targets)
+    return executor

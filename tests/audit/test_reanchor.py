@@ -16,20 +16,14 @@ from audit.actions import Actor, record, verify_chain
 from audit.chain import GENESIS, canonical_time, compute_hash
 from audit.models import AuditEvent
 from audit.sealer import seal
+from tests.conftest import migrate_to
 
 BEFORE = [("audit", "0003_outcome_seq_index")]
 
 
-def _migrate(targets: list[tuple[str, str]]) -> MigrationExecutor:
-    executor = MigrationExecutor(connection)
-    executor.loader.build_graph()
-    executor.migrate(targets)
-    return executor
-
-
 @pytest.mark.django_db(transaction=True)
 def test_migration_reanchors_format_1_events_without_rewriting_them() -> None:
-    executor = _migrate(BEFORE)
+    executor = migrate_to(BEFORE)
     old = executor.loader.project_state(BEFORE).apps
     event_model, head_model = (
         old.get_model("audit", "AuditEvent"),
@@ -50,7 +44,7 @@ def test_migration_reanchors_format_1_events_without_rewriting_them() -> None:
     head_model.objects.update_or_create(pk=1, defaults={"seq": 3, "hash": prev})
     stored_before = list(event_model.objects.order_by("seq").values_list("seq", "hash", "after"))
 
-    _migrate(MigrationExecutor(connection).loader.graph.leaf_nodes())
+    migrate_to(MigrationExecutor(connection).loader.graph.leaf_nodes())
 
     legacy = AuditEvent.objects.filter(hash_version=1).order_by("seq")
     assert [(e.seq, e.hash, e.after) for e in legacy] == stored_before  # nothing rewritten

@@ -10,7 +10,6 @@ from typing import Any
 import pytest
 from django.contrib.auth.models import User
 from django.db import connection
-from django.db.migrations.executor import MigrationExecutor
 from django.utils import timezone
 
 from dlq.models import (
@@ -26,7 +25,7 @@ from dlq.models import (
 )
 from dlq.plans import relay
 from dlq.plans.actions import do_cancel_plan
-from tests.conftest import client_for, make_channel
+from tests.conftest import client_for, make_channel, migrate_to
 from tests.dlq import replay_helpers
 from tests.dlq.conftest import letter, store
 from tests.dlq.replay_helpers import RecordingAdapter, plan_for
@@ -159,13 +158,6 @@ MIGRATION = "0015_entry_state"
 BEFORE = [("dlq", "0014_replay_outcome_records")]
 
 
-def _migrate(targets: list[tuple[str, str]]) -> MigrationExecutor:
-    executor = MigrationExecutor(connection)
-    executor.loader.build_graph()
-    executor.migrate(targets)
-    return executor
-
-
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_the_migration_moves_every_status_and_back() -> None:
@@ -177,13 +169,13 @@ def test_the_migration_moves_every_status_and_back() -> None:
     for entry, status in zip(entries, statuses, strict=True):
         set_status([entry.pk], status)
 
-    old = _migrate(BEFORE).loader.project_state(BEFORE).apps.get_model("dlq", "DeadLetter")
+    old = migrate_to(BEFORE).loader.project_state(BEFORE).apps.get_model("dlq", "DeadLetter")
     assert dict(old.objects.values_list("pk", "status")) == {
         e.pk: s for e, s in zip(entries, statuses, strict=True)
     }
     old.objects.filter(pk=entries[0].pk).update(status=Status.FAILED)  # written by old code
 
-    _migrate([("dlq", MIGRATION)])
+    migrate_to([("dlq", MIGRATION)])
 
     assert dict(EntryState.objects.values_list("pk", "status")) == {
         entries[0].pk: Status.FAILED,
