@@ -155,10 +155,6 @@ class FailureGroupAdmin(ReadOnlyAdmin):
     normalized_error_shown = _shown("normalized_error", "normalized error")
     message_type_shown = _shown("message_type", "message type")
 
-    @admin.display(description="status", ordering="state__status")
-    def status(self, obj: DeadLetter) -> str:
-        return obj.get_status_display()
-
     @admin.display(description="triage")
     def group_page(self, obj: FailureGroup) -> SafeString:
         return format_html('<a href="{}">The group\'s entries</a>', obj.get_absolute_url())

@@ -254,7 +254,7 @@ class EntryState(models.Model):
         return f"state of {self.entry_id}: {self.status}"
 
 
-def set_status(entry_ids: list[int], status: str, only: Any = None) -> int:
+def set_status(entry_ids: list[int], status: str, only: models.Q | None = None) -> int:
     """Set the status of these entries (``only``: a Q on ``EntryState`` they must match, e.g.
     ``Q(status=Status.REPLAYING)``); returns how many changed. The one write of an entry's
     status."""

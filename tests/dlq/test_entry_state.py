@@ -100,6 +100,13 @@ def test_status_reads_filters_and_open_counts_use_the_state_rows(oncall: User) -
     assert [(e["id"], e["status"]) for e in discarded] == [(entries[0].pk, "discarded")]
     listed = client.get("/api/dead-letters/?status=new").json()["results"]
     assert {e["id"] for e in listed} == {entries[2].pk, entries[3].pk}
+    # The admin's status column and filter read the state rows too.
+    root = User.objects.create_superuser("root-state", password="x")
+    admin = client_for(root)
+    listing = admin.get("/admin/dlq/deadletter/?state__status__exact=failed").content.decode()
+    assert f"/admin/dlq/deadletter/{entries[1].pk}/change/" in listing
+    assert f"/admin/dlq/deadletter/{entries[0].pk}/change/" not in listing
+    assert "Replay failed" in listing
     unresolved = count_unresolved([channel.pk], timezone.now())[channel.pk]
     assert unresolved.dlq == 3  # the discarded one is resolved; failed is still open
 
