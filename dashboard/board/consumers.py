@@ -11,7 +11,7 @@ Delivery at incident scale (issue 29), when every row changes at once:
    every page of the process in turn. A page's socket has no channel on the layer of its own,
    so a push to a thousand pages is one layer message and one wake-up, not a thousand (and a
    thousand pages opening at once make one ``group_add``, not a thousand). If the layer fails,
-   every page of the process is told live updates stopped (step 5); the next page to connect
+   every page of the process is told live updates stopped (step 6); the next page to connect
    joins the group again.
 1. Every pushed row goes into the process's ``BoardMirror`` (``dashboard.board.mirror``): the
    latest HTML of each row, in push order, each version numbered. One mirror per server
@@ -47,7 +47,12 @@ Delivery at incident scale (issue 29), when every row changes at once:
    only ask for it), and to a page that did not say it checks versions (``?patch=2``; an
    older release's page, ``?patch=1``, gets whole rows). A change of state, flags, name or
    team (what the page's attention and announcement rules read) always goes whole.
-5. A send that fails is logged once for all the clients it hit (with their number); each is
+5. The fan-out hands the sockets their frames as it goes: after every ``FANOUT_YIELD_BYTES``
+   framed, it yields to the event loop, so the server writes those pages' bytes out (and
+   frees them) while it frames the next pages'. Framing every page before writing any held
+   a thousand copies of a poll's frames at once (~100 MiB of fresh memory, paged in at each
+   poll) and started the first page's bytes only after the last page's frame was built.
+6. A send that fails is logged once for all the clients it hit (with their number); each is
    told when possible (a ``stopped`` notice, then the socket closes) and the page says "live
    updates stopped" and reloads its rows. A client whose cursor fell behind what the mirror
    keeps gets a ``reload`` notice: the page reloads its rows over HTTP.
@@ -95,6 +100,9 @@ PATCH_PROTOCOL = "2"
 #: page is told to reload its rows over HTTP).
 ROWS_ASKED_MAX = 2000
 OWED_MAX = 20_000
+#: The fan-out yields to the event loop after framing this many bytes (step 5): a poll's
+#: frames for ~16 pages of 1,000 changed rows, or for every page when few rows changed.
+FANOUT_YIELD_BYTES = 1024 * 1024
 #: Failed sends within this many seconds are logged as one line.
 FAILURE_LOG_WINDOW_S = 1.0
 #: Close code after a failed send (4000-4999: the application's own).
@@ -157,6 +165,9 @@ class Fanout:
         self.layer: Any = None
         self.channel = ""
         self.task: asyncio.Task[None] | None = None
+        #: Bytes handed to the pages' sockets so far (``BoardConsumer._send``): paces the
+        #: fan-out (step 5).
+        self.sent = 0
 
     async def join(self, client: BoardConsumer) -> None:
         """Count ``client`` among the pages, and be in the group before it is accepted (a push
@@ -195,7 +206,7 @@ class Fanout:
 
     async def _run(self) -> None:
         """Receive each push once and flush every page; renew the membership hourly. A layer
-        that fails ends the loop: its pages are told (step 5) and the next page rejoins."""
+        that fails ends the loop: its pages are told (step 6) and the next page rejoins."""
         pending: asyncio.Future[Any] | None = None
         try:
             while True:
@@ -231,11 +242,17 @@ class Fanout:
         self.mirror.apply(
             message.get("batch") or uuid.uuid4().hex, message["rows"], message.get("sampled")
         )
+        paced = self.sent
         for client in list(self.clients):
+            if client not in self.clients:  # gone while the fan-out yielded
+                continue
             try:
                 await client.flush()
             except Exception as exc:  # that page's, not the others': it is told and closed
                 await client._stop(exc)
+            if self.sent - paced >= FANOUT_YIELD_BYTES:  # let the server write them (step 5)
+                await asyncio.sleep(0)
+                paced = self.sent
 
 
 _fanouts: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Fanout] = weakref.WeakKeyDictionary()
@@ -444,6 +461,7 @@ class BoardConsumer(AsyncWebsocketConsumer):
             return False
         self.in_flight.append(len(frame))
         self._account(self.in_flight_bytes + len(frame))
+        self.fanout.sent += len(frame)
         return True
 
     async def _stop(self, exc: BaseException) -> None:

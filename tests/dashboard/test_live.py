@@ -843,3 +843,39 @@ def test_a_page_leaving_while_another_is_being_accepted_keeps_the_processs_membe
         assert fan.task is None
 
     run(scenario)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_fan_out_hands_pages_their_frames_as_it_goes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past FANOUT_YIELD_BYTES framed, the fan-out yields to the event loop, so the first pages'
+    frames are out (written, freed) while the next pages' are framed, not all held until the
+    last is built. A page that leaves meanwhile is skipped; every other page gets the rows."""
+    cookie = _cookie(make_user("vera", "viewer"))
+    layer = get_channel_layer()
+    rows = {pk: _tr(pk, 1, size=500) for pk in range(1, 5)}
+    size = len("".join(rows.values()))
+    monkeypatch.setattr(consumers, "FANOUT_YIELD_BYTES", size)  # a yield after each page
+
+    async def scenario() -> None:
+        pages = [await _board(cookie) for _ in range(5)]
+        seen: list[int] = []  # pages holding their frame, at each turn of the loop
+
+        async def watch() -> None:
+            for _ in range(2000):  # bounded: the fan-out takes a few turns
+                served = sum(not page.output_queue.empty() for page in pages[:4])
+                seen.append(served)
+                if served == 1 and len(pages) == 5:
+                    await pages.pop().disconnect()  # leaves while the fan-out yields
+                if served == 4:
+                    return
+                await asyncio.sleep(0)
+
+        watcher = asyncio.ensure_future(watch())
+        await layer.group_send(BOARD_GROUP, _rows(rows))
+        await asyncio.wait_for(watcher, 5)
+        assert any(0 < served < 4 for served in seen), seen  # some out before the last built
+        for page in pages:
+            assert await page.receive_from(timeout=3) == "".join(rows.values())
+            await page.disconnect()
+
+    run(scenario)
