@@ -49,7 +49,7 @@ Delivery at incident scale (issue 29), when every row changes at once:
    team (what the page's attention and announcement rules read) always goes whole.
 5. The fan-out hands the sockets their frames as it goes: after every ``FANOUT_YIELD_BYTES``
    framed, it yields to the event loop, so the server writes those pages' bytes out (and
-   frees them) while it frames the next pages'. Framing every page before writing any held
+   frees them) before it frames the next pages'. Framing every page before writing any held
    a thousand copies of a poll's frames at once (~100 MiB of fresh memory, paged in at each
    poll) and started the first page's bytes only after the last page's frame was built.
 6. A send that fails is logged once for all the clients it hit (with their number); each is
@@ -101,8 +101,11 @@ PATCH_PROTOCOL = "2"
 ROWS_ASKED_MAX = 2000
 OWED_MAX = 20_000
 #: The fan-out yields to the event loop after framing this many bytes (step 5): a poll's
-#: frames for ~16 pages of 1,000 changed rows, or for every page when few rows changed.
-FANOUT_YIELD_BYTES = 1024 * 1024
+#: frames for ~40 pages when 1,000 rows changed (~96 KiB each), for ~450 when 100 did. Each
+#: yield also lets the pages served so far acknowledge, which delays the rest: yielding
+#: every MiB, 100 changed rows of 10,000 reached 1,000 pages at p50 0.10-0.12 s against
+#: 0.08 s without yielding; every 4 MiB, 0.10 s, and 1,000 changed rows as fast as every MiB.
+FANOUT_YIELD_BYTES = 4 * 1024 * 1024
 #: Failed sends within this many seconds are logged as one line.
 FAILURE_LOG_WINDOW_S = 1.0
 #: Close code after a failed send (4000-4999: the application's own).
