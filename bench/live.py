@@ -27,9 +27,10 @@ received per cycle, and the resident memory of the server process.
    the kernel reads each socket into one reused buffer per client (``_Frames``, no copy per
    read, the buffer touched at connect); a whole message is timed, acknowledged and kept,
    and its rows are read out only when the clients are idle (``Backlog``, bounded); and what
-   connecting made is frozen out of the process's collections. (Parsing a thousand 96 KiB
-   messages where they arrived, the first poll's page faults and the collections delayed
-   the pages read after them by 0.2-0.5 s a poll.)
+   connecting made is frozen out of the process's collections, and its heap keeps what it
+   frees (``_keep_heap``). (Parsing a thousand 96 KiB messages where they arrived, paging
+   the copies in again at every poll and the collections delayed the pages read after them
+   by 0.2-0.5 s a poll.)
    The bench's Redis database is emptied first (``empty_redis``).
 4. The poller: the real ``do_poll_broker`` (samples, health, one transaction, push after
    commit through ``dashboard.board.live.push_board_rows``) with the adapter replaced by a synthetic
@@ -66,6 +67,7 @@ import asyncio
 import base64
 import collections
 import contextlib
+import ctypes
 import gc
 import os
 import re
@@ -104,6 +106,8 @@ CLIENT_PROFILE = os.environ.get("BENCH_CLIENT_PROFILE", "")
 #: Processes the clients are spread over (a thousand browsers each read their own socket;
 #: one Python process reading for all of them queues each receipt behind the others').
 CLIENT_PROCS = max(1, int(os.environ.get("BENCH_CLIENT_PROCS", "1")))
+#: glibc's ``mallopt`` parameters (malloc.h).
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
 RUN = uuid.uuid4().hex[:8]
 DB = f"bench_live_{RUN}"
 HOST = "127.0.0.1"
@@ -589,6 +593,7 @@ async def _clients(port: int, keys: list[str], ready: Any, stop: Any, out: Any) 
     # (~0.15 s) would otherwise delay every page's receipt at once.
     gc.collect()
     gc.freeze()
+    _keep_heap(len(connected))
     out.put(("connected", len(connected), time.monotonic() - started))
     ready.set()
     until = time.monotonic() + CYCLES * 120  # bounded, whatever the poller does
@@ -605,6 +610,22 @@ async def _clients(port: int, keys: list[str], ready: Any, stop: Any, out: Any) 
     out.put(
         [(c.received, c.messages, c.bytes, c.notices, c.error, c in connected) for c in clients]
     )
+
+
+def _keep_heap(clients: int) -> None:
+    """Keep this process's freed memory for reuse, and page in a poll's worth now: each
+    message kept for ``Backlog`` is a copy (~96 KiB), and glibc gave the memory back after each
+    parse, so every poll paged ~22,000 pages in again (0.04-0.33 s of this one process's time
+    on a virtual machine, across every page's receipt). A browser's memory is its own; glibc
+    only (``mallopt``), a no-op elsewhere."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallopt(M_TRIM_THRESHOLD, 1 << 30)
+        libc.mallopt(M_MMAP_THRESHOLD, 4 << 20)
+    except (OSError, AttributeError):
+        return
+    warm = [bytearray(b"\1") * (100 * 1024) for _ in range(clients + clients // 10)]
+    del warm
 
 
 def client_process(port: int, keys: list[str], ready: Any, stop: Any, out: Any) -> None:
