@@ -104,7 +104,8 @@ OWED_MAX = 20_000
 #: frames for ~40 pages when 1,000 rows changed (~96 KiB each), for ~450 when 100 did. Each
 #: yield also lets the pages served so far acknowledge, which delays the rest: yielding
 #: every MiB, 100 changed rows of 10,000 reached 1,000 pages at p50 0.10-0.12 s against
-#: 0.08 s without yielding; every 4 MiB, 0.10 s, and 1,000 changed rows as fast as every MiB.
+#: 0.08 s without yielding; every 4 MiB, 0.08-0.10 s, and 1,000 changed rows as fast as every
+#: MiB (docs/performance.md, "Live board", sixth pass).
 FANOUT_YIELD_BYTES = 4 * 1024 * 1024
 #: Failed sends within this many seconds are logged as one line.
 FAILURE_LOG_WINDOW_S = 1.0
