@@ -38,9 +38,7 @@ received per cycle, and the resident memory of the server process.
    the cycle number, which the clients read back from the row HTML as today's page renders
    it: the cell ``data-label="In flight">N</td>``, or from a row patch: cell ``"3":"N"``).
    The commit time is the moment ``push_board_rows`` is called (Django calls it right after
-   the commit). Before any page connects, the warm-up history is aged past the 60 s the
-   health states need to call a quiet channel idle (``settle_history``), as on a board that
-   has been watching its channels.
+   the commit).
 5. Latency per row = receipt - commit of that row's cycle; p50/p95/max over all rows of all
    clients, and how many of the expected rows arrived (a row superseded before a slow client
    read it arrives once, at its latest cycle: counted as "superseded", not received). RSS:
@@ -108,9 +106,6 @@ CLIENT_PROFILE = os.environ.get("BENCH_CLIENT_PROFILE", "")
 #: Processes the clients are spread over (a thousand browsers each read their own socket;
 #: one Python process reading for all of them queues each receipt behind the others').
 CLIENT_PROCS = max(1, int(os.environ.get("BENCH_CLIENT_PROCS", "1")))
-#: How far the warm-up samples are aged (``settle_history``): past the 60 s the health
-#: states need to call a quiet channel idle.
-HISTORY_AGE_S = 120
 #: glibc's ``mallopt`` parameters (malloc.h).
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
 RUN = uuid.uuid4().hex[:8]
@@ -206,35 +201,6 @@ def make_data() -> tuple[int, list[str]]:
         keys.append(session.session_key)
     broker = bench_channels("bench-live", CHANNELS, lambda i: {"alert_lag_messages": 10_000})
     return broker.pk, keys
-
-
-def settle_history(broker_id: int) -> None:
-    """Age the warm-up samples past what the health states need before they call a quiet
-    channel idle (``channels_registry.health``: 60 s of history), then poll once more, before
-    any page connects. In a fresh database every channel's history starts at once, so ~60 s
-    into a run every quiet row turned from Unknown to Idle in the same poll, a true change of
-    state for all of them (10,000 rows pushed whole in a "1 % changing" run): a board that
-    has been watching its channels does not see that."""
-    import datetime as dt
-
-    from django.db.models import F
-
-    from channels_registry.health import POINT_FIELDS
-    from channels_registry.models import ChannelHealth, ChannelSample
-    from channels_registry.polling import do_poll_broker
-
-    ChannelSample.objects.filter(channel__broker_id=broker_id).update(
-        taken_at=F("taken_at") - dt.timedelta(seconds=HISTORY_AGE_S)
-    )
-    # The health window the states are computed from (points, their time first).
-    at = POINT_FIELDS.index("t")
-    rows = list(ChannelHealth.objects.filter(channel__broker_id=broker_id))
-    for row in rows:
-        row.window = [
-            [v - HISTORY_AGE_S if i == at else v for i, v in enumerate(p)] for p in row.window
-        ]
-    ChannelHealth.objects.bulk_update(rows, ["window"], batch_size=1000)
-    do_poll_broker(broker_id, force=True)
 
 
 class SyntheticAdapter:
@@ -869,7 +835,6 @@ def main() -> None:
         # listens: cycle 1 then changes the moving rows only, as every later cycle does.
         do_poll_broker(broker_id, force=True)
         do_poll_broker(broker_id, force=True)
-        settle_history(broker_id)
         port = free_port()
         server = start_server(port, log)
         run_clients(port, keys, server, broker_id)
