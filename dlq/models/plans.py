@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from django.conf import settings
 from django.db import models
+from django.db.models.functions import Cast, Concat
 from django.urls import reverse
 
 
@@ -42,8 +43,9 @@ FINISHED = (PlanStatus.DONE, PlanStatus.DONE_WITH_FAILURES, PlanStatus.CANCELLED
 
 class ItemStatus(models.TextChoices):
     PENDING = "pending", "Pending"
-    # Claimed for an attempt and (maybe) published, outcome not yet recorded. After a crash the
-    # relay republishes these with the SAME replay id (the attempt was persisted first).
+    # Claimed for a retry and (maybe) published, outcome not yet recorded; or a first attempt
+    # a crashed run left in doubt (taken over from the plan's cursor, ``claimed_through``). The
+    # relay republishes these with the SAME replay id (persisted before the publish).
     SENDING = "sending", "Sending"
     CONFIRMED = "confirmed", "Confirmed"
     FAILED = "failed", "Failed"
@@ -132,6 +134,10 @@ class ReplayPlan(models.Model):
     freeze_cursor_at = models.DateTimeField(null=True, blank=True)
     freeze_cursor_id = models.BigIntegerField(null=True, blank=True)
     frozen_at = models.DateTimeField(null=True, blank=True)
+    # The relay's cursor (``dlq.plans.relay_items``): every item at a position below it has
+    # been handed to a publisher for its first attempt. Such an item still PENDING with no
+    # publish recorded (``publishes`` 0) is in flight, or in doubt once its run is gone.
+    claimed_through = models.PositiveIntegerField(default=0)
     # A lease, so exactly one relay (or freezer) works on a plan; an expired one can be taken.
     lease_owner = models.CharField(max_length=64, blank=True)
     lease_until = models.DateTimeField(null=True, blank=True)
@@ -238,6 +244,18 @@ class ReplayItem(models.Model):
 
     def __str__(self) -> str:
         return f"item {self.pk} of plan {self.plan_id}"
+
+
+def first_replay_id(plan: ReplayPlan | int) -> models.Expression:
+    """The replay id of an item's first attempt, ``"<plan>:<item>:1"``, as the database computes
+    it in an UPDATE of the plan's items (the freeze writes it with each item)."""
+    plan_id = plan if isinstance(plan, int) else plan.pk
+    return Concat(
+        models.Value(f"{plan_id}:"),
+        Cast("id", models.CharField()),
+        models.Value(":1"),
+        output_field=models.CharField(),
+    )
 
 
 #: A relay batch's one audit record (target: the plan): every message of the batch that reached

@@ -276,8 +276,9 @@ def do_resume_plan(plan_id: int, *, actor: Actor, reason: str = "") -> ReplayPla
 @transaction.atomic
 def do_cancel_plan(plan_id: int, *, actor: Actor, reason: str = "") -> ReplayPlan:
     """Cancel: items not yet sent become CANCELLED and their entries NEW again (one audit
-    event each). Items in flight (SENDING) keep their course: the relay records their real
-    outcome, since the broker may already have them."""
+    event each). Items in flight (SENDING, and first attempts below the relay's cursor with no
+    outcome yet) keep their course: the relay records their real outcome, since the broker may
+    already have them. The plan row's lock keeps the relay from taking more meanwhile."""
 
     plan = _locked_plan(plan_id)
     if plan.status in FINISHED:
@@ -290,7 +291,10 @@ def _cancel_items(plan: ReplayPlan, actor: Actor, reason: str, now: dt.datetime)
     """``do_cancel_plan``'s items: the pending ones CANCELLED, in chunks; a replay's entries
     NEW again, one audit event each. Returns how many."""
     cancelled = 0
-    pending = ReplayItem.objects.filter(plan=plan, status=ItemStatus.PENDING)
+    pending = ReplayItem.objects.filter(plan=plan, status=ItemStatus.PENDING).exclude(
+        publishes=0,
+        position__lt=plan.claimed_through,  # in flight (``dlq.plans.relay_items``)
+    )
     while True:
         chunk = list(pending.order_by("position").values_list("pk", "entry_id")[:5000])
         if not chunk:

@@ -61,7 +61,7 @@ from dlq.models import (
     refresh_open_counts,
     set_status,
 )
-from dlq.models.plans import FINISHED, HOLDING_ITEMS
+from dlq.models.plans import FINISHED, HOLDING_ITEMS, first_replay_id
 from dlq.plans import plan_jobs, plan_state
 from dlq.plans.preview import PLANNABLE, Selection, ids_digest, plannable_entries
 from dlq.triage.filters import EntryFilter
@@ -206,21 +206,26 @@ def _holding_items(ids: list[int]) -> list[tuple[int, int]]:
 
 
 def _insert_items(plan: ReplayPlan, ids: list[int], start: int) -> None:
-    """One PENDING item per id, positions ``start``…"""
+    """One PENDING item per id, positions ``start``…, each with the replay id of its first
+    attempt (``first_replay_id``): the relay's cursor claim writes nothing per item."""
+    table = connection.ops.quote_name(ReplayItem._meta.db_table)
     if connection.vendor == "postgresql":
-        table = connection.ops.quote_name(ReplayItem._meta.db_table)
         with connection.cursor() as cursor:
             cursor.execute(
-                f"INSERT INTO {table} (plan_id, entry_id, position, status, attempts, "
+                f"INSERT INTO {table} (id, plan_id, entry_id, position, status, attempts, "
                 "replay_id, publishes, republished, last_error) "
-                "SELECT %s, t.e, %s + t.o::integer - 1, %s, 0, '', 0, false, '' "
-                "FROM unnest(%s::bigint[]) WITH ORDINALITY AS t(e, o)",
-                [plan.pk, start, "pending", ids],
+                "SELECT n.id, %s, n.e, %s + n.o::integer - 1, %s, 0, %s || n.id || ':1', 0, "
+                "false, '' FROM (SELECT nextval(pg_get_serial_sequence(%s, 'id')) AS id, t.e, "
+                "t.o FROM unnest(%s::bigint[]) WITH ORDINALITY AS t(e, o)) AS n",
+                [plan.pk, start, "pending", f"{plan.pk}:", table, ids],
             )
         return
     ReplayItem.objects.bulk_create(
         [ReplayItem(plan=plan, entry_id=pk, position=start + n) for n, pk in enumerate(ids)],
         batch_size=500,
+    )
+    ReplayItem.objects.filter(plan=plan, position__gte=start, replay_id="").update(
+        replay_id=first_replay_id(plan)
     )
 
 

@@ -2,17 +2,20 @@
 
 1. Claim the plan with a conditional UPDATE (no lease, an expired one, or our own).
 2. Take a bounded batch of open items in plan order (``FAST_BATCH_SIZE`` without a velocity,
-   else ``BATCH_SIZE`` or less at a low velocity; bounded by the canary). In one transaction
-   (on PostgreSQL one ``UPDATE … RETURNING`` that also returns the messages' columns) mark
-   them SENDING, bump ``attempts`` and persist their ``replay_id`` — the SAME id again when
-   the previous attempt's outcome is unknown (timeout, connection lost), a new one after a
-   definite refusal (nack, unroutable) — then commit. A crash from here on leaves the items
-   SENDING; the next run republishes them with the same id, so extra copies are bounded by the
-   in-flight window (``IN_FLIGHT``: the relay publishes one batch while it records the one
+   else ``BATCH_SIZE`` or less at a low velocity; bounded by the canary) and commit before
+   publishing (``dlq.plans.relay_items``). First attempts are read from the plan's cursor,
+   which the commit moves past them: their replay ids were persisted by the freeze, and the
+   item rows are not written until their outcome. A retry is marked SENDING with its attempt
+   and ``replay_id`` — the SAME id again when the previous attempt's outcome is unknown
+   (timeout, connection lost), a new one after a definite refusal (nack, unroutable). A crash
+   from here on leaves the batch in flight (below the cursor with no outcome, or SENDING); the
+   next run takes it over and republishes it with the same ids, so extra copies are bounded by
+   the in-flight window (``IN_FLIGHT``: the relay publishes one batch while it records the one
    before) and carry the id they share.
 3. Publish the batch: body bytes, original headers minus the broker's death bookkeeping,
    the idempotency key untouched, ``x-dlq-replay-id`` added; persistent, confirmed, mandatory.
-4. In one transaction record each outcome: confirmed → item CONFIRMED, entry REPLAYED; refused
+4. In one transaction record each outcome (the item's one write for a confirmed first
+   attempt): confirmed → item CONFIRMED, entry REPLAYED; refused
    → retried after a capped exponential backoff with jitter, FAILED (entry FAILED) once the
    attempts are spent or the refusal is permanent. Each terminal outcome is one audit event.
 5. Pace to the plan's velocity; renew the lease; stop at pause/cancel/halt (after resolving the
@@ -64,6 +67,7 @@ from dlq.plans.plan_state import (
     start_plan,
 )
 from dlq.plans.relay_items import (
+    adopt_in_flight,
     claim_plan,
     group_of,
     in_doubt,
@@ -84,7 +88,7 @@ FAST_BATCH_SIZE = 2000
 
 
 # The relay publishes one batch while it records the outcomes of the one before (see
-# ``_run_replay``): at most this many items are SENDING, and a crash repeats at most these.
+# ``_run_replay``): at most this many items are in flight, and a crash repeats at most these.
 IN_FLIGHT = 2 * FAST_BATCH_SIZE
 
 
@@ -169,7 +173,7 @@ def _run_replay(plan: ReplayPlan, owner: str, result: RunResult, max_seconds: fl
     c. hand it to the publisher thread;
     d. record the outcomes from (a): an entry becomes REPLAYED only after its confirm.
 
-    So at most two batches are SENDING at any time (``IN_FLIGHT``): the one being recorded and
+    So at most two batches are in flight at any time (``IN_FLIGHT``): the one being recorded and
     the one being published. Only this thread touches the database; only the publisher thread
     touches the broker connections (neither pika nor the asyncio clients are thread-safe)."""
     actor = Actor.system("replay-relay")
@@ -187,13 +191,14 @@ def _run_replay(plan: ReplayPlan, owner: str, result: RunResult, max_seconds: fl
     pipe = _Pipeline(plan, actor, slug, result, publishers, pool, crash_after)
     try:
         start_plan(plan)
+        adopt_in_flight(plan)  # what a run that is gone left in flight: in doubt, sent first
         while True:
             turn = _turn(pipe, owner, deadline)
             if turn is _Turn.NEXT:
                 continue
             if turn is _Turn.TAKEN_OVER:
                 pipe.recount()
-                return result  # what is in flight stays SENDING for the new owner
+                return result  # what is in flight stays so, for the new owner to take over
             break
         pipe.recount()
     finally:
@@ -306,7 +311,7 @@ def _turn(pipe: _Pipeline, owner: str, deadline: float) -> _Turn:
         result.more = plan.status == PlanStatus.WAITING
         result.retry_in = PROBE_MAX_S
         return _Turn.STOP
-    busy = {i.pk for i in landed[0]} if landed else set()  # SENDING, but not in doubt
+    busy = {i.pk for i in landed[0]} if landed else set()  # in flight, but not in doubt
     look = not pipe.doubt_cleared
     items = take_batch(plan, _batch_limit(plan), not runnable, upto, busy, doubt=look)
     if look and not any(in_doubt(i) for i in items):
@@ -338,6 +343,10 @@ def _idle(
     """Nothing to send and nothing in flight: stop, wait for the next due item, check the
     canary, or finish the plan."""
     plan, result = pipe.plan, pipe.result
+    if adopt_in_flight(plan):
+        # Nothing of this run is in flight: these are a run's that lost its lease meanwhile.
+        pipe.doubt_cleared = False
+        return _Turn.NEXT
     if not runnable:
         return _Turn.STOP  # paused / cancelled / halted, and nothing in doubt
     wait = next_due_in(plan, upto)

@@ -1,6 +1,19 @@
 """Which relay works on a plan and which items it sends next: the plan's lease, and taking a
-batch of items (step 2 of ``dlq.plans.relay``): marked SENDING with their attempt and replay id,
-committed before anything is published."""
+batch of items (step 2 of ``dlq.plans.relay``), committed before anything is published.
+
+First attempts are taken by a cursor, not written: the freeze gave every item the replay id
+of its first attempt (``"<plan>:<item>:1"``), and a claim reads the next items in plan order
+from the plan's cursor (``ReplayPlan.claimed_through``) and moves the cursor past them, one
+UPDATE of the plan row per batch. The item rows are written once, with their outcome
+(``dlq.plans.relay_outcomes``). So an item below the cursor that is still PENDING with no
+publish recorded (``publishes`` 0) is in flight, and once its run is gone, in doubt: the next
+run takes it over (``adopt_in_flight``: SENDING, its first attempt counted) and republishes
+it with the same id, as it does the SENDING items of a crashed retry.
+
+Retries (items that were published before: a refusal's backoff, a lost connection) are taken
+by the claim of old: one ``UPDATE … RETURNING`` marks them SENDING with their attempt and
+replay id before they are published. The plan row's lock orders a claim against a cancel
+(``dlq.plans.actions``), which leaves the items in flight to their outcome."""
 
 from __future__ import annotations
 
@@ -10,13 +23,13 @@ import os
 from typing import Any
 
 from django.db import connection, transaction
-from django.db.models import CharField, Exists, F, OuterRef, Q, Value
+from django.db.models import Case, CharField, Exists, F, OuterRef, Q, Value, When
 from django.db.models.base import ModelState
 from django.db.models.functions import Cast, Concat
 from django.utils import timezone
 
 from dlq.models import DeadLetter, ItemStatus, ReplayItem, ReplayPlan
-from dlq.models.plans import RUNNABLE
+from dlq.models.plans import RUNNABLE, first_replay_id
 
 # A relay renews its lease every batch; a crashed one is taken over once it expires. The
 # environment override is for the fault tests, which restart a killed relay at once.
@@ -27,15 +40,31 @@ def claim_plan(plan_id: int, owner: str) -> bool:
     now = timezone.now()
     lease = now + dt.timedelta(seconds=LEASE_S)
     free = Q(lease_until__isnull=True) | Q(lease_until__lt=now) | Q(lease_owner=owner)
-    open_items = Exists(ReplayItem.objects.filter(plan=OuterRef("pk"), status=ItemStatus.SENDING))
-    claimable = Q(status__in=RUNNABLE) | Q(open_items)
+    claimable = Q(status__in=RUNNABLE) | Q(sending=True) | Q(in_flight=True)
     updated = (
         ReplayPlan.objects.filter(free, pk=plan_id)
-        .annotate(open_items=open_items)
+        .annotate(sending=_sending(), in_flight=_in_flight())
         .filter(claimable)
         .update(lease_owner=owner, lease_until=lease)
     )
     return updated == 1
+
+
+def _sending() -> Exists:
+    """The plan (an outer reference) has SENDING items."""
+    return Exists(ReplayItem.objects.filter(plan=OuterRef("pk"), status=ItemStatus.SENDING))
+
+
+def _in_flight() -> Exists:
+    """The plan (an outer reference) has first attempts below its cursor with no outcome."""
+    return Exists(
+        ReplayItem.objects.filter(
+            plan=OuterRef("pk"),
+            status=ItemStatus.PENDING,
+            position__lt=OuterRef("claimed_through"),
+            publishes=0,
+        )
+    )
 
 
 def renew_lease(plan_id: int, owner: str) -> bool:
@@ -51,15 +80,33 @@ def release_lease(plan_id: int, owner: str) -> None:
 
 def orphaned_plans(limit: int = 50) -> list[int]:
     """Plans with work for a relay and no live lease: runnable ones, and stopped ones that
-    still have items in doubt (SENDING)."""
+    still have items in doubt (SENDING, or in flight below the cursor)."""
     now = timezone.now()
     free = Q(lease_until__isnull=True) | Q(lease_until__lt=now)
-    in_doubt = Exists(ReplayItem.objects.filter(plan=OuterRef("pk"), status=ItemStatus.SENDING))
     return list(
         ReplayPlan.objects.filter(free)
-        .filter(Q(status__in=RUNNABLE) | in_doubt)
+        .filter(Q(status__in=RUNNABLE) | _sending() | _in_flight())
         .order_by("id")
         .values_list("id", flat=True)[:limit]
+    )
+
+
+def adopt_in_flight(plan: ReplayPlan) -> int:
+    """Take over the first attempts a run that is gone left in flight (PENDING below the
+    cursor, no publish recorded): they become SENDING with that attempt counted and its replay
+    id kept, i.e. in doubt, and ``take_batch`` republishes them first. Only for the lease
+    holder with nothing of its own in flight (at the start of a run, and when it is idle).
+    Returns how many."""
+    plan.refresh_from_db(fields=["claimed_through"])
+    if not plan.claimed_through:
+        return 0
+    return ReplayItem.objects.filter(
+        plan=plan, status=ItemStatus.PENDING, publishes=0, position__lt=plan.claimed_through
+    ).update(
+        status=ItemStatus.SENDING,
+        attempts=F("attempts") + 1,
+        publishes=1,
+        replay_id=Case(When(replay_id="", then=first_replay_id(plan)), default=F("replay_id")),
     )
 
 
@@ -72,37 +119,47 @@ def take_batch(
     doubt: bool = True,
 ) -> list[ReplayItem]:
     """Step 2: claim up to ``limit`` items (positions below ``upto`` when given) for an
-    attempt and persist their replay ids. ``busy``: SENDING items of this run whose outcome
-    is about to be recorded (not in doubt). ``doubt=False``: do not look for items a crashed
-    run left in doubt (the caller knows there are none left: ``in_doubt`` marks the items
-    taken from them, and once a look finds none, no new ones appear while the caller holds the
-    lease)."""
+    attempt, in this order: items in doubt (SENDING, from a run that is gone), retries that
+    are due, then first attempts from the cursor. ``busy``: SENDING items of this run whose
+    outcome is about to be recorded (not in doubt). ``doubt=False``: do not look for items in
+    doubt (the caller knows there are none left: ``in_doubt`` marks the items taken from
+    them, and once a look finds none, no new ones appear while the caller holds the lease)."""
     now = timezone.now()
     with transaction.atomic():
-        items: list[ReplayItem] = []
         if doubt:
-            # In-doubt items of a crashed run first: they were (maybe) published already.
             in_doubt = ReplayItem.objects.filter(plan=plan, status=ItemStatus.SENDING)
             if busy:
                 in_doubt = in_doubt.exclude(pk__any=busy)
             items = list(in_doubt.order_by("position")[:limit])
             for item in items:
                 item.__dict__["_in_doubt"] = True
-        if not items and not only_in_doubt:
-            if connection.vendor == "postgresql":
-                return _claim_due(plan, limit, now, upto)
+            if items:
+                _claim_items(plan, items)
+                return items
+        if only_in_doubt:
+            return []
+        # The plan row's lock first: a cancel in progress finishes before the items are read.
+        through = (
+            ReplayPlan.objects.select_for_update()
+            .filter(pk=plan.pk)
+            .values_list("claimed_through", flat=True)
+            .get()
+        )
+        if connection.vendor == "postgresql":
+            items = _claim_due(plan, limit, now, upto, through)
+        else:
             due = Q(next_attempt_at__isnull=True) | Q(next_attempt_at__lte=now)
             if upto is not None:
                 due &= Q(position__lt=upto)
             items = list(
-                ReplayItem.objects.filter(due, plan=plan, status=ItemStatus.PENDING).order_by(
-                    "position"
-                )[:limit]
-            )
-        if not items:
-            return []
-        _claim_items(plan, items)
-    return items
+                ReplayItem.objects.filter(
+                    due, plan=plan, status=ItemStatus.PENDING, publishes__gt=0,
+                    position__lt=through,
+                ).order_by("position")[:limit]
+            )  # fmt: skip
+            if items:
+                _claim_items(plan, items)
+        return items or _claim_first(plan, limit, upto, through)
 
 
 def _claim_items(plan: ReplayPlan, items: list[ReplayItem]) -> None:
@@ -149,11 +206,11 @@ def _claim_items(plan: ReplayPlan, items: list[ReplayItem]) -> None:
 
 
 def _claim_sql(upto: bool) -> str:
-    """One statement for the common case (due PENDING items): pick them in plan order, mark
-    them SENDING with their attempt and replay id (kept when the last outcome was in doubt,
-    else "<plan>:<item>:<attempt>"), and return them with the columns of their entries that
-    the message needs. ``i.status`` is checked again on the row itself, so an item a
-    concurrent cancel took is skipped, not revived."""
+    """One statement for due retries (PENDING items published before, all below the cursor):
+    pick them in plan order, mark them SENDING with their attempt and replay id (kept when the
+    last outcome was in doubt, else "<plan>:<item>:<attempt>"), and return them with the
+    columns of their entries that the message needs. ``i.status`` is checked again on the row
+    itself, so an item a concurrent cancel took is skipped, not revived."""
     q = connection.ops.quote_name
     item, entry = q(ReplayItem._meta.db_table), q(DeadLetter._meta.db_table)
     position = q("position")
@@ -162,8 +219,8 @@ def _claim_sql(upto: bool) -> str:
             SELECT id, publishes AS old_publishes, republished AS old_republished,
                    replay_id <> '' AS kept
             FROM {item}
-            WHERE plan_id = %(plan)s AND status = 'pending'
-              AND (next_attempt_at IS NULL OR next_attempt_at <= %(now)s)
+            WHERE plan_id = %(plan)s AND status = 'pending' AND {position} < %(through)s
+              AND publishes > 0 AND (next_attempt_at IS NULL OR next_attempt_at <= %(now)s)
               {f"AND {position} < %(upto)s" if upto else ""}
             ORDER BY {position}
             LIMIT %(limit)s
@@ -184,12 +241,15 @@ def _claim_sql(upto: bool) -> str:
 
 
 def _claim_due(
-    plan: ReplayPlan, limit: int, now: dt.datetime, upto: int | None
+    plan: ReplayPlan, limit: int, now: dt.datetime, upto: int | None, through: int
 ) -> list[ReplayItem]:
-    """``take_batch`` on PostgreSQL for due PENDING items: one ``UPDATE … RETURNING``
+    """``take_batch`` on PostgreSQL for due retries: one ``UPDATE … RETURNING``
     (``_claim_sql``) and the plan's counters, inside the caller's transaction."""
+    if not through:
+        return []  # nothing was taken from the cursor yet, so nothing was published
     params: dict[str, Any] = {
         "plan": plan.pk,
+        "through": through,
         "now": now,
         "upto": upto,
         "limit": limit,
@@ -207,19 +267,77 @@ def _claim_due(
     return [_claimed_item(plan, row, alias) for row in rows]
 
 
+def _first_sql(upto: bool) -> str:
+    """The next first attempts from the cursor, in plan order, with their entries' columns
+    that the message needs (a read: the claim writes no item)."""
+    q = connection.ops.quote_name
+    item, entry = q(ReplayItem._meta.db_table), q(DeadLetter._meta.db_table)
+    position = q("position")
+    return f"""
+        SELECT i.id, i.entry_id, i.{position}, i.replay_id, d.body, d.headers, d.properties,
+               d.group_id
+        FROM {item} AS i JOIN {entry} AS d ON d.id = i.entry_id
+        WHERE i.plan_id = %s AND i.status = 'pending' AND i.publishes = 0
+          AND i.{position} >= %s {f"AND i.{position} < %s" if upto else ""}
+        ORDER BY i.{position}
+        LIMIT %s
+    """
+
+
+def _claim_first(plan: ReplayPlan, limit: int, upto: int | None, through: int) -> list[ReplayItem]:
+    """``take_batch`` for first attempts (inside its transaction, the plan row locked): read
+    the next items from the cursor and move the cursor past them, with the plan's counters in
+    the same UPDATE. Nothing is written to the items: their replay ids are the freeze's
+    (``"<plan>:<item>:1"``; computed the same way for an item frozen before the freeze wrote
+    them), and they stay PENDING until their outcome is recorded."""
+    params: list[Any] = [plan.pk, through] + ([upto] if upto is not None else []) + [limit]
+    with connection.cursor() as c:
+        c.execute(_first_sql(upto is not None), params)
+        rows = c.fetchall()
+    if not rows:
+        return []
+    ReplayPlan.objects.filter(pk=plan.pk).update(
+        claimed_through=max(r[2] for r in rows) + 1,
+        sent=F("sent") + len(rows),
+        sent_entries=F("sent_entries") + len(rows),
+    )
+    alias = connection.alias  # once: each lookup goes through a thread-local
+    prefix = f"{plan.pk}:"
+    return [
+        _item(plan, alias, pk, entry_id, position, 1, replay_id or f"{prefix}{pk}:1", 1, False,
+              body, headers, properties, group_id, fresh=True)
+        for pk, entry_id, position, replay_id, body, headers, properties, group_id in rows
+    ]  # fmt: skip
+
+
+def first_attempt(item: ReplayItem) -> bool:
+    """Taken from the cursor (``_claim_first``): the item row still says PENDING, no publish."""
+    return "_first" in item.__dict__
+
+
 def _claimed_item(plan: ReplayPlan, row: tuple[Any, ...], alias: str) -> ReplayItem:
     """A ReplayItem for a claimed row without the cost of ``Model.__init__`` (thousands per
     batch), every concrete field set, plus the entry's columns the message needs."""
+    return _item(plan, alias, *row[:7], *row[10:14])
+
+
+def _item(
+    plan: ReplayPlan, alias: str, pk: int, entry_id: int, position: int, attempts: int,
+    replay_id: str, publishes: int, republished: bool, body: Any, headers: Any,
+    properties: Any, group_id: int | None, fresh: bool = False,
+) -> ReplayItem:  # fmt: skip
+    """A claimed ReplayItem as it stands once this attempt is published (SENDING), every
+    concrete field set, plus its entry's columns for the message."""
     item = ReplayItem.__new__(ReplayItem)
-    pk, entry_id, position, attempts, replay_id, publishes, republished = row[:7]
-    body, headers, properties, group_id = row[10:14]
     item.__dict__.update(
         id=pk, plan_id=plan.pk, entry_id=entry_id, position=position,
         status=ItemStatus.SENDING, attempts=attempts, replay_id=replay_id,
         publishes=publishes, republished=republished, last_error="",
-        next_attempt_at=None, finished_at=None, _state=ModelState(),
+        next_attempt_at=None, finished_at=None, outcome_event_id=None, _state=ModelState(),
         _columns=(body, _json(headers), _json(properties)), _group=group_id,
     )  # fmt: skip
+    if fresh:
+        item.__dict__["_first"] = True
     item._state.adding, item._state.db = False, alias
     return item
 

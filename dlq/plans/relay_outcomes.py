@@ -19,14 +19,15 @@ import random
 from typing import Any
 
 from django.db import transaction
-from django.db.models import F
+from django.db.models import Case, F, When
 from django.utils import timezone
 
 from audit.actions import Actor, record
 from audit.models import Outcome
 from brokers.base import PublishOutcome
 from dlq.models import ItemStatus, ReplayItem, ReplayPlan, Status, set_status
-from dlq.models.plans import OUTCOME_ACTION, OUTCOME_FIELDS
+from dlq.models.plans import OUTCOME_ACTION, OUTCOME_FIELDS, first_replay_id
+from dlq.plans.relay_items import first_attempt
 
 BACKOFF_BASE_S = 1.0
 
@@ -99,8 +100,12 @@ def record_outcomes(
     batch = _sort_outcomes(plan, items, outcomes, now)
     slug = plan.channel.slug if slug is None else slug
     with transaction.atomic():
+        # First attempts taken from the cursor are still PENDING in the database: the ones not
+        # confirmed are written as the SENDING items they are in memory, for the paths below.
+        confirmed = {i.id for i in batch.ok}
+        _mark_sending(plan, [i for i in items if first_attempt(i) and i.id not in confirmed])
         event_id = _record_batch(plan, batch, actor, slug)
-        n_ok = _record_confirmed(batch.ok, now, event_id)
+        n_ok = _record_confirmed(plan, batch.ok, now, event_id)
         _record_failed(batch.failed, now, event_id)
         if batch.retry:
             ReplayItem.objects.bulk_update(
@@ -118,7 +123,7 @@ def _record_batch(plan: ReplayPlan, batch: _Outcomes, actor: Actor, slug: str) -
     if not batch.ok and not batch.failed:
         return None
     messages: list[list[Any]] = [
-        [i.entry_id, i.pk, i.replay_id, i.attempts, "replayed", ""] for i in batch.ok
+        [i.entry_id, i.id, i.replay_id, i.attempts, "replayed", ""] for i in batch.ok
     ]
     messages += [[i.entry_id, i.pk, i.replay_id, i.attempts, "failed", reason]
                  for i, reason in batch.failed]  # fmt: skip
@@ -147,16 +152,52 @@ def _record_batch(plan: ReplayPlan, batch: _Outcomes, actor: Actor, slug: str) -
     return event.pk
 
 
-def _record_confirmed(ok: list[ReplayItem], now: dt.datetime, event_id: int | None) -> int:
-    """Confirmed items: item CONFIRMED (with its record), entry REPLAYED (set-based)."""
+def _mark_sending(plan: ReplayPlan, items: list[ReplayItem]) -> None:
+    """First attempts (``first_attempt``) written as SENDING, attempt and publish counted,
+    their replay id stored (an item frozen before the freeze wrote it has none)."""
+    if items:
+        ReplayItem.objects.filter(pk__any=[i.pk for i in items], publishes=0).update(
+            status=ItemStatus.SENDING,
+            attempts=1,
+            publishes=1,
+            replay_id=_stored_or_first(plan),
+        )
+
+
+def _record_confirmed(
+    plan: ReplayPlan, ok: list[ReplayItem], now: dt.datetime, event_id: int | None
+) -> int:
+    """Confirmed items: item CONFIRMED (with its record), entry REPLAYED (set-based). The
+    item row is written once here: a first attempt from the cursor was not written before."""
     if not ok:
         return 0
-    # Only items still SENDING (a concurrent cancel never touches those, see actions).
-    n_ok = ReplayItem.objects.filter(pk__any=[i.pk for i in ok], status=ItemStatus.SENDING).update(
-        status=ItemStatus.CONFIRMED, finished_at=now, last_error="", outcome_event=event_id
-    )
+    first = [i.id for i in ok if first_attempt(i)]
+    retried = [i.id for i in ok if not first_attempt(i)]
+    n_ok = 0
+    if first:
+        # Only items with no publish recorded: still in flight (which a concurrent cancel
+        # leaves alone, see actions), not taken over by another run since. No condition on
+        # the status, whose index the planner would walk instead of the primary key.
+        stored = [i for i in ok if first_attempt(i) and i.replay_id == f"{plan.pk}:{i.pk}:1"]
+        n_ok += ReplayItem.objects.filter(pk__any=first, publishes=0).update(
+            status=ItemStatus.CONFIRMED,
+            attempts=1,
+            publishes=1,
+            finished_at=now,
+            outcome_event=event_id,
+            **({} if len(stored) == len(first) else {"replay_id": _stored_or_first(plan)}),
+        )
+    if retried:
+        # Only items still SENDING (a concurrent cancel never touches those, see actions).
+        n_ok += ReplayItem.objects.filter(pk__any=retried, status=ItemStatus.SENDING).update(
+            status=ItemStatus.CONFIRMED, finished_at=now, last_error="", outcome_event=event_id
+        )
     set_status([i.entry_id for i in ok], Status.REPLAYED)
     return n_ok
+
+
+def _stored_or_first(plan: ReplayPlan) -> Case:
+    return Case(When(replay_id="", then=first_replay_id(plan)), default=F("replay_id"))
 
 
 def _record_failed(

@@ -246,8 +246,12 @@ def test_crash_between_publish_and_outcome_republishes_the_same_ids(
     _out, err = proc.communicate(timeout=120)
     assert proc.returncode == 137, err.decode()[-2000:]
     with _pg(fault["db"]) as conn:
+        # In doubt: published, outcome not recorded. A first attempt taken from the plan's
+        # cursor is still PENDING with no publish recorded; a retry is SENDING.
         in_doubt = conn.execute(
-            "SELECT count(*) FROM dlq_replayitem WHERE status = 'sending'"
+            "SELECT count(*) FROM dlq_replayitem i JOIN dlq_replayplan p ON p.id = i.plan_id "
+            "WHERE i.status = 'sending' OR (i.status = 'pending' AND i.publishes = 0 "
+            "AND i.position < p.claimed_through)"
         ).fetchone()[0]
     assert 0 < in_doubt <= BATCH_SIZE
     _restart_to_completion(fault)
