@@ -30,6 +30,7 @@ from django.utils import timezone
 
 from dlq.models import DeadLetter, ItemStatus, ReplayItem, ReplayPlan
 from dlq.models.plans import RUNNABLE, first_replay_id
+from dlq.plans.relay_publish import STORED_DEATH_HEADERS
 
 # A relay renews its lease every batch; a crashed one is taken over once it expires. The
 # environment override is for the fault tests, which restart a killed relay at once.
@@ -236,8 +237,17 @@ def _claim_sql(upto: bool) -> str:
         WHERE i.id = p.id AND i.status = 'pending' AND d.id = i.entry_id
         RETURNING i.id, i.entry_id, i.{position}, i.attempts, i.replay_id, i.publishes,
                   i.republished, p.old_publishes, p.old_republished, p.kept,
-                  d.body, d.headers, d.properties, d.group_id
+                  d.body, {_sent_headers("d")}, d.properties, d.group_id
     """
+
+
+def _sent_headers(alias: str) -> str:
+    """The entry's stored headers as the claim returns them: on PostgreSQL without the
+    brokers' death bookkeeping (``STORED_DEATH_HEADERS``), which the message drops anyway."""
+    if connection.vendor != "postgresql":
+        return f"{alias}.headers"
+    names = ", ".join(f"'{name}'" for name in STORED_DEATH_HEADERS)  # constants, no quotes
+    return f"{alias}.headers - ARRAY[{names}]::text[]"
 
 
 def _claim_due(
@@ -274,8 +284,8 @@ def _first_sql(upto: bool) -> str:
     item, entry = q(ReplayItem._meta.db_table), q(DeadLetter._meta.db_table)
     position = q("position")
     return f"""
-        SELECT i.id, i.entry_id, i.{position}, i.replay_id, d.body, d.headers, d.properties,
-               d.group_id
+        SELECT i.id, i.entry_id, i.{position}, i.replay_id, d.body, {_sent_headers("d")},
+               d.properties, d.group_id
         FROM {item} AS i JOIN {entry} AS d ON d.id = i.entry_id
         WHERE i.plan_id = %s AND i.status = 'pending' AND i.publishes = 0
           AND i.{position} >= %s {f"AND i.{position} < %s" if upto else ""}

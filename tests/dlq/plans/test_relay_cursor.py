@@ -168,3 +168,31 @@ def test_the_migration_puts_a_running_plans_cursor_past_what_it_published(
     assert [i.pk for i in take_batch(plan, 10, only_in_doubt=False)] == [items[2].pk]
     fresh = take_batch(plan, 10, only_in_doubt=False, doubt=False)
     assert [i.replay_id for i in fresh] == [f"{plan.pk}:{i.pk}:1" for i in items[3:]]
+
+
+def test_the_death_headers_are_dropped_in_any_spelling(
+    oncall: User, publisher: RecordingAdapter
+) -> None:
+    """The claim drops the brokers' spellings in the database (``STORED_DEATH_HEADERS``);
+    the message drops every other spelling of them, and keeps the rest exactly."""
+    channel = make_channel()
+    headers = {
+        "x-death": [{"queue": "orders", "count": 3}],
+        "X-Death": [{"queue": "forged"}],
+        "x-first-death-queue": "orders",
+        "X-Last-Death-Reason": "expired",
+        "dlqDeliveryFailureCause": "poison",
+        "x-dlq-replay-id": "9:9:9",
+        "Idempotency-Key": "k-1",
+        "x-tenant": ["a", {"b": 1}],
+    }
+    entries = store(channel, letter(headers=headers))
+    plan = plan_for(entries, oncall)
+    assert relay.run_plan(plan.pk).status == PlanStatus.DONE
+    [(_, sent)] = publisher.sent
+    item = _items(plan)[0]
+    assert sent.headers == {
+        "Idempotency-Key": "k-1",
+        "x-tenant": ["a", {"b": 1}],
+        "x-dlq-replay-id": f"{plan.pk}:{item.pk}:1",
+    }
