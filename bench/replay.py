@@ -19,7 +19,10 @@ Set ``BENCH_MESSAGES``; ``BENCH_BROKERS=rabbitmq,redis,nats,activemq`` picks bro
 ``BENCH_STAGES=1`` also prints, per relay run, where its time went per message: the relay's
 steps (claim, publish and confirm on the publisher thread, recording the outcomes) and the
 relay connection's SQL by statement (a timing wrapper on every statement), largest first.
-Everything created is deleted again (the database too). Loopback only; every loop is bounded.
+The process settles its heap after start-up as a Celery worker does (``config.celery``:
+``gc.freeze`` of what start-up left alive); ``BENCH_SETTLE_HEAP=0`` leaves it as it is, to
+compare. Everything created is deleted again (the database too). Loopback only; every loop is
+bounded.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ N = int(os.environ.get("BENCH_MESSAGES", "20000"))
 BROKERS = os.environ.get("BENCH_BROKERS", "rabbitmq,redis,nats,activemq").split(",")
 ROUNDS = int(os.environ.get("BENCH_ROUNDS", "3"))
 STAGES = os.environ.get("BENCH_STAGES", "") == "1"
+SETTLE_HEAP = os.environ.get("BENCH_SETTLE_HEAP", "1") != "0"
 AMQP_URL = "amqp://guest:guest@127.0.0.1:5672/%2F"
 API = "http://127.0.0.1:15672/api"
 REDIS_URL = "redis://127.0.0.1:6379/0"
@@ -64,6 +68,11 @@ def setup_django() -> None:
     from django.core.management import call_command
 
     call_command("migrate", verbosity=0)
+    if SETTLE_HEAP:
+        # As a Celery worker does once it is ready (config.celery): the relay runs there.
+        from config.startup import settle_process_heap
+
+        print(f"heap settled as a worker's at start: {settle_process_heap():,} objects frozen")
 
 
 def make_entries(kind: str, address: str, url_env: str, round_no: int = 0) -> tuple[Any, int]:
