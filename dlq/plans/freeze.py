@@ -215,9 +215,9 @@ def _insert_items(plan: ReplayPlan, ids: list[int], start: int) -> None:
                 f"INSERT INTO {table} (id, plan_id, entry_id, position, status, attempts, "
                 "replay_id, publishes, republished, last_error) "
                 "SELECT n.id, %s, n.e, %s + n.o::integer - 1, %s, 0, %s || n.id || ':1', 0, "
-                "false, '' FROM (SELECT nextval(pg_get_serial_sequence(%s, 'id')) AS id, t.e, "
+                "false, '' FROM (SELECT nextval(%s::regclass) AS id, t.e, "
                 "t.o FROM unnest(%s::bigint[]) WITH ORDINALITY AS t(e, o)) AS n",
-                [plan.pk, start, "pending", f"{plan.pk}:", table, ids],
+                [plan.pk, start, "pending", f"{plan.pk}:", _item_sequence(), ids],
             )
         return
     ReplayItem.objects.bulk_create(
@@ -227,6 +227,21 @@ def _insert_items(plan: ReplayPlan, ids: list[int], start: int) -> None:
     ReplayItem.objects.filter(plan=plan, position__gte=start, replay_id="").update(
         replay_id=first_replay_id(plan)
     )
+
+
+_SEQUENCE: dict[str, str] = {}
+
+
+def _item_sequence() -> str:
+    """The items' id sequence (asked once per process, not per inserted row)."""
+    if "items" not in _SEQUENCE:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT pg_get_serial_sequence(%s, 'id')",
+                [connection.ops.quote_name(ReplayItem._meta.db_table)],
+            )
+            _SEQUENCE["items"] = cursor.fetchone()[0]
+    return _SEQUENCE["items"]
 
 
 def chunk_request(plan: ReplayPlan, ids: list[int], start: int) -> dict[str, Any]:
