@@ -12,6 +12,9 @@ Target: ingest >= 0.5x the bare loop. The queue is deleted at the end; the rows 
 Search freshness is measured from outside, on a connection of its own: every 200 ms during
 ingest, the age of the oldest stored entry of the round that the text filter cannot find yet
 (no ``SearchText`` row); the report gives its p50, p95 and maximum over the polls.
+
+The process settles its heap after start-up as a Celery worker does (``config.celery``);
+``BENCH_SETTLE_HEAP=0`` leaves it as it is, to compare.
 """
 
 from __future__ import annotations
@@ -165,6 +168,11 @@ def main() -> None:
     from dlq.models import DeadLetter
 
     call_command("migrate", verbosity=0)
+    if os.environ.get("BENCH_SETTLE_HEAP", "1") != "0":
+        # As a Celery worker does once it is ready (config.celery): ingest runs there.
+        from config.startup import settle_process_heap
+
+        print(f"heap settled as a worker's at start: {settle_process_heap():,} objects frozen")
     run = uuid.uuid4().hex[:8]
     queue = f"bench.ingest.{run}.dlq"
     broker, _ = Broker.objects.update_or_create(
