@@ -315,7 +315,7 @@ def _claim_first(plan: ReplayPlan, limit: int, upto: int | None, through: int) -
     prefix = f"{plan.pk}:"
     return [
         _item(plan, alias, pk, entry_id, position, 1, replay_id or f"{prefix}{pk}:1", 1, False,
-              body, headers, properties, group_id, fresh=True)
+              body, headers, properties, group_id, fresh=True, derived=not replay_id)
         for pk, entry_id, position, replay_id, body, headers, properties, group_id in rows
     ]  # fmt: skip
 
@@ -323,6 +323,12 @@ def _claim_first(plan: ReplayPlan, limit: int, upto: int | None, through: int) -
 def first_attempt(item: ReplayItem) -> bool:
     """Taken from the cursor (``_claim_first``): the item row still says PENDING, no publish."""
     return "_first" in item.__dict__
+
+
+def id_unstored(item: ReplayItem) -> bool:
+    """A first attempt whose replay id the row does not hold yet (frozen before the freeze
+    wrote them): its outcome stores it."""
+    return "_id_derived" in item.__dict__
 
 
 def _claimed_item(plan: ReplayPlan, row: tuple[Any, ...], alias: str) -> ReplayItem:
@@ -334,7 +340,7 @@ def _claimed_item(plan: ReplayPlan, row: tuple[Any, ...], alias: str) -> ReplayI
 def _item(
     plan: ReplayPlan, alias: str, pk: int, entry_id: int, position: int, attempts: int,
     replay_id: str, publishes: int, republished: bool, body: Any, headers: Any,
-    properties: Any, group_id: int | None, fresh: bool = False,
+    properties: Any, group_id: int | None, fresh: bool = False, derived: bool = False,
 ) -> ReplayItem:  # fmt: skip
     """A claimed ReplayItem as it stands once this attempt is published (SENDING), every
     concrete field set, plus its entry's columns for the message."""
@@ -348,6 +354,8 @@ def _item(
     )  # fmt: skip
     if fresh:
         item.__dict__["_first"] = True
+    if derived:  # frozen before the freeze wrote replay ids: the outcome stores it
+        item.__dict__["_id_derived"] = True
     item._state.adding, item._state.db = False, alias
     return item
 

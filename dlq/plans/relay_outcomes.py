@@ -27,7 +27,7 @@ from audit.models import Outcome
 from brokers.base import PublishOutcome
 from dlq.models import ItemStatus, ReplayItem, ReplayPlan, Status, set_status
 from dlq.models.plans import OUTCOME_ACTION, OUTCOME_FIELDS, first_replay_id
-from dlq.plans.relay_items import first_attempt
+from dlq.plans.relay_items import first_attempt, id_unstored
 
 BACKOFF_BASE_S = 1.0
 
@@ -178,14 +178,14 @@ def _record_confirmed(
         # Only items with no publish recorded: still in flight (which a concurrent cancel
         # leaves alone, see actions), not taken over by another run since. No condition on
         # the status, whose index the planner would walk instead of the primary key.
-        stored = [i for i in ok if first_attempt(i) and i.replay_id == f"{plan.pk}:{i.pk}:1"]
+        unstored = any(id_unstored(i) for i in ok)
         n_ok += ReplayItem.objects.filter(pk__any=first, publishes=0).update(
             status=ItemStatus.CONFIRMED,
             attempts=1,
             publishes=1,
             finished_at=now,
             outcome_event=event_id,
-            **({} if len(stored) == len(first) else {"replay_id": _stored_or_first(plan)}),
+            **({"replay_id": _stored_or_first(plan)} if unstored else {}),
         )
     if retried:
         # Only items still SENDING (a concurrent cancel never touches those, see actions).

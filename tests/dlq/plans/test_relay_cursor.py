@@ -168,6 +168,9 @@ def test_the_migration_puts_a_running_plans_cursor_past_what_it_published(
     assert [i.pk for i in take_batch(plan, 10, only_in_doubt=False)] == [items[2].pk]
     fresh = take_batch(plan, 10, only_in_doubt=False, doubt=False)
     assert [i.replay_id for i in fresh] == [f"{plan.pk}:{i.pk}:1" for i in items[3:]]
+    # Their outcome stores the id they went out with.
+    record_outcomes(plan, fresh, [Outcome(str(i.pk), True) for i in fresh], Actor.system("t"))
+    assert [i.replay_id for i in _items(plan)[3:]] == [f"{plan.pk}:{i.pk}:1" for i in items[3:]]
 
 
 def test_the_death_headers_are_dropped_in_any_spelling(
