@@ -203,6 +203,14 @@ def broker_required(service: str, exc: BaseException) -> None:
     pytest.skip(message)
 
 
+@pytest.fixture
+def back_to_latest() -> Iterator[None]:
+    """For a test that migrates the database back and forth (``migrate_to``): whatever it
+    did, the tests after it find the database migrated to the latest state again."""
+    yield
+    migrate_to(MigrationExecutor(connection).loader.graph.leaf_nodes())
+
+
 def migrate_to(targets: list[tuple[str, str]]) -> MigrationExecutor:
     """Migrate the test database to ``targets`` (forwards or backwards), for the tests of a
     migration on existing data (``transaction=True`` tests); returns the executor."""

@@ -167,7 +167,7 @@ BEFORE = [("dlq", "0014_replay_outcome_records")]
 
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
-def test_the_migration_moves_every_status_and_back() -> None:
+def test_the_migration_moves_every_status_and_back(back_to_latest: None) -> None:
     """Forwards copies every entry's status into its state row (and the insert trigger covers
     what comes after); backwards puts the column back, filled from the state rows."""
     channel = make_channel()
