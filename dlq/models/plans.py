@@ -258,6 +258,14 @@ def first_replay_id(plan: ReplayPlan | int) -> models.Expression:
     )
 
 
+def stored_or_first_replay_id(plan: ReplayPlan | int) -> models.Expression:
+    """An item's stored replay id, else its first attempt's (``first_replay_id``): for an item
+    frozen before the freeze wrote them, in the UPDATE that records its first attempt."""
+    return models.Case(
+        models.When(replay_id="", then=first_replay_id(plan)), default=models.F("replay_id")
+    )
+
+
 #: A relay batch's one audit record (target: the plan): every message of the batch that reached
 #: a terminal outcome, as rows of ``OUTCOME_FIELDS`` under ``after["messages"]``.
 OUTCOME_ACTION = "dlq.replay.outcomes"

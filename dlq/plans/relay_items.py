@@ -23,13 +23,13 @@ import os
 from typing import Any
 
 from django.db import connection, transaction
-from django.db.models import Case, CharField, Exists, F, OuterRef, Q, Value, When
+from django.db.models import CharField, Exists, F, OuterRef, Q, Value
 from django.db.models.base import ModelState
 from django.db.models.functions import Cast, Concat
 from django.utils import timezone
 
 from dlq.models import DeadLetter, ItemStatus, ReplayItem, ReplayPlan
-from dlq.models.plans import RUNNABLE, first_replay_id
+from dlq.models.plans import RUNNABLE, stored_or_first_replay_id
 from dlq.plans.relay_publish import STORED_DEATH_HEADERS
 
 # A relay renews its lease every batch; a crashed one is taken over once it expires. The
@@ -107,7 +107,7 @@ def adopt_in_flight(plan: ReplayPlan) -> int:
         status=ItemStatus.SENDING,
         attempts=F("attempts") + 1,
         publishes=1,
-        replay_id=Case(When(replay_id="", then=first_replay_id(plan)), default=F("replay_id")),
+        replay_id=stored_or_first_replay_id(plan),
     )
 
 

@@ -19,14 +19,14 @@ import random
 from typing import Any
 
 from django.db import transaction
-from django.db.models import Case, F, When
+from django.db.models import F
 from django.utils import timezone
 
 from audit.actions import Actor, record
 from audit.models import Outcome
 from brokers.base import PublishOutcome
 from dlq.models import ItemStatus, ReplayItem, ReplayPlan, Status, set_status
-from dlq.models.plans import OUTCOME_ACTION, OUTCOME_FIELDS, first_replay_id
+from dlq.models.plans import OUTCOME_ACTION, OUTCOME_FIELDS, stored_or_first_replay_id
 from dlq.plans.relay_items import first_attempt, id_unstored
 
 BACKOFF_BASE_S = 1.0
@@ -160,7 +160,7 @@ def _mark_sending(plan: ReplayPlan, items: list[ReplayItem]) -> None:
             status=ItemStatus.SENDING,
             attempts=1,
             publishes=1,
-            replay_id=_stored_or_first(plan),
+            replay_id=stored_or_first_replay_id(plan),
         )
 
 
@@ -185,7 +185,7 @@ def _record_confirmed(
             publishes=1,
             finished_at=now,
             outcome_event=event_id,
-            **({"replay_id": _stored_or_first(plan)} if unstored else {}),
+            **({"replay_id": stored_or_first_replay_id(plan)} if unstored else {}),
         )
     if retried:
         # Only items still SENDING (a concurrent cancel never touches those, see actions).
@@ -194,10 +194,6 @@ def _record_confirmed(
         )
     set_status([i.entry_id for i in ok], Status.REPLAYED)
     return n_ok
-
-
-def _stored_or_first(plan: ReplayPlan) -> Case:
-    return Case(When(replay_id="", then=first_replay_id(plan)), default=F("replay_id"))
 
 
 def _record_failed(
