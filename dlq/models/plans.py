@@ -245,6 +245,22 @@ class ReplayItem(models.Model):
     def __str__(self) -> str:
         return f"item {self.pk} of plan {self.plan_id}"
 
+    @property
+    def in_flight(self) -> bool:
+        """A first attempt the relay took from its plan's cursor (``claimed_through``) whose
+        outcome is not recorded yet: PENDING in the row, but published or being published.
+        Pages say "Sending" for it (they select the plan with the item)."""
+        return (
+            self.status == ItemStatus.PENDING
+            and self.publishes == 0
+            and self.position < self.plan.claimed_through
+        )
+
+    @property
+    def shown_status(self) -> str:
+        """The status a person reads: "Sending" for an item ``in_flight``."""
+        return ItemStatus.SENDING.label if self.in_flight else self.get_status_display()
+
 
 def first_replay_id(plan: ReplayPlan | int) -> models.Expression:
     """The replay id of an item's first attempt, ``"<plan>:<item>:1"``, as the database computes

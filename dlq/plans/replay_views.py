@@ -175,7 +175,9 @@ def plan_detail(request: HtmxHttpRequest, pk: int) -> HttpResponse:
         .order_by("position")[:ITEMS_SHOWN]
     )
     context.update(
-        items=ReplayItem.objects.filter(plan=plan).order_by("position")[:ITEMS_SHOWN],
+        items=ReplayItem.objects.filter(plan=plan)
+        .select_related("plan")  # ``shown_status`` reads the plan's cursor
+        .order_by("position")[:ITEMS_SHOWN],
         problems=problems,
         history=AuditEvent.objects.filter(
             target_type="dlq.replayplan", target_id=str(plan.pk)

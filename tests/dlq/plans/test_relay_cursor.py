@@ -20,7 +20,7 @@ from dlq.plans import relay
 from dlq.plans.actions import do_cancel_plan, do_pause_plan
 from dlq.plans.relay_items import claim_plan, orphaned_plans, release_lease, take_batch
 from dlq.plans.relay_outcomes import record_outcomes
-from tests.conftest import make_channel
+from tests.conftest import client_for, make_channel
 from tests.dlq import replay_helpers
 from tests.dlq.conftest import letter, store
 from tests.dlq.replay_helpers import RecordingAdapter, plan_for
@@ -199,3 +199,20 @@ def test_the_death_headers_are_dropped_in_any_spelling(
         "x-tenant": ["a", {"b": 1}],
         "x-dlq-replay-id": f"{plan.pk}:{item.pk}:1",
     }
+
+
+def test_pages_say_sending_for_a_first_attempt_in_flight(oncall: User) -> None:
+    plan = _plan(oncall, 2)
+    [taken] = take_batch(plan, 1, only_in_doubt=False)
+    first, second = _items(plan)
+    assert (first.in_flight, second.in_flight) == (True, False)
+    client = client_for(oncall)
+    page = client.get(plan.get_absolute_url()).content.decode()
+    assert f"#{first.entry_id}</a></td><td>Sending</td>" in page
+    assert f"#{second.entry_id}</a></td><td>Pending</td>" in page
+    entry_page = client.get(f"/dead-letters/{taken.entry_id}/").content.decode()
+    assert "<td>Sending</td>" in entry_page and "<td>Pending</td>" not in entry_page
+    # Recorded, it is what its row says.
+    record_outcomes(plan, [taken], [Outcome(str(taken.pk), True)], Actor.system("t"))
+    page = client.get(plan.get_absolute_url()).content.decode()
+    assert f"#{first.entry_id}</a></td><td>Confirmed</td>" in page
