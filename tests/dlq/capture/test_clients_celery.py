@@ -21,6 +21,7 @@ from typing import Any
 import pika
 import pytest
 from celery import Celery
+from celery import _state as celery_state
 from celery.contrib.testing.worker import start_worker
 from celery.exceptions import Reject
 from django.contrib.auth.models import User
@@ -48,6 +49,17 @@ def _wait(condition: Callable[[], bool], what: str, attempts: int = 120) -> None
             return
         time.sleep(0.25)
     raise AssertionError(f"gave up waiting for {what}")
+
+
+@pytest.fixture(autouse=True)
+def project_app_stays_current() -> Iterator[None]:
+    """A worker makes its app the process's current and default one (Celery's worker set-up),
+    so that afterwards the project's shared tasks (``.delay()``) would go to this test's
+    broker instead of running eagerly in later tests of the same process. Put them back."""
+    default, current = celery_state.default_app, celery_state.get_current_app()
+    yield
+    celery_state.set_default_app(default)
+    celery_state._set_current_app(current)
 
 
 @pytest.fixture
