@@ -76,7 +76,7 @@ from dlq.plans.relay_items import (
     take_batch,
 )
 from dlq.plans.relay_outcomes import record_outcomes
-from dlq.plans.relay_publish import Publishers, outgoing_batch
+from dlq.plans.relay_publish import Publishers, stored_columns
 from dlq.plans.relay_states import canary_check, next_due_in, pause_unconfigured
 
 BATCH_SIZE = 500  # items per publish round trip of a plan with a velocity
@@ -253,9 +253,11 @@ class _Pipeline:
         return landed.items, outcomes
 
     def send(self, items: list[ReplayItem]) -> None:
-        """Step (c): hand the claimed batch to the publisher thread."""
-        batch = outgoing_batch(self.publishers, items)
-        self.flight = _InFlight(items, self.pool.submit(self.publishers.publish, batch))
+        """Step (c): hand the claimed batch to the publisher thread, which builds its messages
+        (the database is read here, on this thread, only for columns the claim did not
+        return)."""
+        stored = stored_columns(items)
+        self.flight = _InFlight(items, self.pool.submit(self.publishers.send, items, stored))
 
     def settle(self, landed: _Landed | None) -> None:
         """Step (d)."""

@@ -18,7 +18,6 @@ replay id before they are published. The plan row's lock orders a claim against 
 from __future__ import annotations
 
 import datetime as dt
-import json
 import os
 from typing import Any
 
@@ -343,14 +342,15 @@ def _item(
     properties: Any, group_id: int | None, fresh: bool = False, derived: bool = False,
 ) -> ReplayItem:  # fmt: skip
     """A claimed ReplayItem as it stands once this attempt is published (SENDING), every
-    concrete field set, plus its entry's columns for the message."""
+    concrete field set, plus its entry's columns for the message (its JSON still as the
+    query returned it: ``outgoing_batch`` decodes it on the publisher thread)."""
     item = ReplayItem.__new__(ReplayItem)
     item.__dict__.update(
         id=pk, plan_id=plan.pk, entry_id=entry_id, position=position,
         status=ItemStatus.SENDING, attempts=attempts, replay_id=replay_id,
         publishes=publishes, republished=republished, last_error="",
         next_attempt_at=None, finished_at=None, outcome_event_id=None, _state=ModelState(),
-        _columns=(body, _json(headers), _json(properties)), _group=group_id,
+        _columns=(body, headers, properties), _group=group_id,
     )  # fmt: skip
     if fresh:
         item.__dict__["_first"] = True
@@ -370,10 +370,6 @@ def group_of(item: ReplayItem) -> tuple[bool, int | None]:
     if "_group" in item.__dict__:
         return True, item.__dict__["_group"]
     return False, None
-
-
-def _json(value: Any) -> Any:
-    return json.loads(value) if isinstance(value, str) else value
 
 
 def _count_sends(plan: ReplayPlan, sent: int, first: int, doubled: int) -> None:

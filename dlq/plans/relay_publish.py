@@ -4,6 +4,7 @@ lineage of a replay that dead-lettered again is ``dlq.capture.lineage``)."""
 
 from __future__ import annotations
 
+import json
 import logging
 from typing import Any
 
@@ -103,6 +104,13 @@ class Publishers:
                 return Address(subject)
         return base
 
+    def send(
+        self, items: list[ReplayItem], stored: dict[int, tuple[Any, Any, Any]]
+    ) -> list[PublishOutcome]:
+        """Build the items' messages (``outgoing_batch``) and publish them: the publisher
+        thread's part of step 3."""
+        return self.publish(outgoing_batch(self, items, stored))
+
     def publish(self, batch: list[tuple[Address, OutgoingMessage]]) -> list[PublishOutcome]:
         """Publish per target. A session the adapter reports lost (``connection_lost`` on an
         outcome, or any ``BrokerError`` from opening or publishing: the session is unusable)
@@ -160,21 +168,36 @@ class Publishers:
             self.drop(target)
 
 
+def stored_columns(items: list[ReplayItem]) -> dict[int, tuple[Any, Any, Any]]:
+    """The columns step 3's messages need for the items whose claim did not return them (one
+    query per batch, no model instances), by entry id. On the relay's database thread."""
+    missing = [i.entry_id for i in items if "_columns" not in i.__dict__]
+    if not missing:
+        return {}
+    rows = DeadLetter.objects.filter(pk__any=missing).values_list(
+        "id", "body", "headers", "properties"
+    )
+    return {pk: (body, headers, properties) for pk, body, headers, properties in rows}
+
+
 def outgoing_batch(
-    publishers: Publishers, items: list[ReplayItem]
+    publishers: Publishers, items: list[ReplayItem], stored: dict[int, tuple[Any, Any, Any]]
 ) -> list[tuple[Address, OutgoingMessage]]:
     """Step 3's messages, bodies read once per attempt: returned by the claim itself
-    (``_claim_due``), else one query per batch (no model instances: the columns the message
-    needs)."""
-    missing = [i.entry_id for i in items if "_columns" not in i.__dict__]
-    rows = (
-        DeadLetter.objects.filter(pk__any=missing).values_list(
-            "id", "body", "headers", "properties"
-        )
-        if missing
-        else []
-    )
-    columns = {pk: (body, headers, properties) for pk, body, headers, properties in rows}
-    columns.update((i.entry_id, i.__dict__["_columns"]) for i in items if "_columns" in i.__dict__)
-    return [(publishers.target_for(columns[i.entry_id][2]), outgoing(*columns[i.entry_id], i))
-            for i in items]  # fmt: skip
+    (``_columns``: the stored JSON still as text, decoded here), else by ``stored_columns``.
+    Touches no database, so that it runs on the publisher thread, beside the outcomes the
+    relay's thread is recording."""
+    batch = []
+    for item in items:
+        columns = item.__dict__.get("_columns")
+        if columns is None:
+            body, headers, properties = stored[item.entry_id]
+        else:
+            body, headers, properties = columns[0], _json(columns[1]), _json(columns[2])
+        batch.append((publishers.target_for(properties), outgoing(body, headers, properties, item)))
+    return batch
+
+
+def _json(value: Any) -> Any:
+    """A stored JSON column as a raw query returns it (text), decoded."""
+    return json.loads(value) if isinstance(value, str) else value
