@@ -4,6 +4,7 @@ refused or replaced when recorded. The property test runs through the real ``rec
 
 from __future__ import annotations
 
+import json
 import math
 import unicodedata
 from typing import Any
@@ -16,6 +17,7 @@ from hypothesis import strategies as st
 from audit.actions import Actor, EventSpec, record, record_many, verify_chain
 from audit.chain import UnrecordableValue
 from audit.models import AuditEvent
+from audit.recording import _clean, _scrub
 
 pytestmark = pytest.mark.django_db
 
@@ -140,3 +142,27 @@ def test_any_json_value_verifies_after_the_round_trip(
         result = verify_chain()
         assert result.ok, result.summary()
         transaction.set_rollback(True)
+
+
+SCRUBBED = st.recursive(
+    st.none()
+    | st.integers()
+    | st.text(alphabet=st.sampled_from("a\\u0d\x00\ud800\udfff\ud83dé😀")),
+    lambda children: (
+        st.lists(children, max_size=4)
+        | st.dictionaries(st.text(alphabet="a\\u0\x00\ud800😀", max_size=4), children, max_size=4)
+    ),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(value=SCRUBBED)
+def test_the_scrub_is_skipped_only_when_there_is_nothing_to_scrub(value: Any) -> None:
+    """``_clean`` skips the walk over the value when its escaped text shows no NUL and no
+    surrogate; the result is the walk's, whatever the text (lookalike escapes included)."""
+    walked = _scrub(json.loads(json.dumps(value)))
+    assert _clean(value) == walked
+    assert _clean({"messages": [[1, "12:3:1", "\\u0000 is text"]]}) == {
+        "messages": [[1, "12:3:1", "\\u0000 is text"]]
+    }
