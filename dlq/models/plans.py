@@ -210,7 +210,11 @@ class ReplayItem(models.Model):
     counts only attempts the broker answered or that stayed in doubt with the broker up; a
     lost connection gives the attempt back."""
 
-    plan = models.ForeignKey(ReplayPlan, on_delete=models.CASCADE, related_name="items")
+    # No index of its own: ``(plan, entry)`` and ``(plan, status, position)`` lead with it, and
+    # every relay outcome rewrites each index of its items (the status is indexed).
+    plan = models.ForeignKey(
+        ReplayPlan, on_delete=models.CASCADE, related_name="items", db_index=False
+    )
     entry = models.ForeignKey("dlq.DeadLetter", on_delete=models.CASCADE, related_name="items")
     position = models.PositiveIntegerField()  # replay order within the plan
     status = models.CharField(max_length=10, choices=ItemStatus.choices, default="pending")
