@@ -175,7 +175,8 @@ def _run_replay(plan: ReplayPlan, owner: str, result: RunResult, max_seconds: fl
 
     So at most two batches are in flight at any time (``IN_FLIGHT``): the one being recorded and
     the one being published. Only this thread touches the database; only the publisher thread
-    touches the broker connections (neither pika nor the asyncio clients are thread-safe)."""
+    touches the broker connections (neither pika nor the asyncio clients are thread-safe), and
+    it builds the batch's messages too, beside the outcomes this thread records."""
     actor = Actor.system("replay-relay")
     deadline = time.monotonic() + max_seconds
     crash_after = _crash_point()
