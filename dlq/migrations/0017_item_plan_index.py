@@ -12,15 +12,18 @@ from django.db import migrations, models
 INDEX = "dlq_replayitem_plan_id_a63fef2b"  # Django's name for the foreign key's index
 
 
+def _concurrently(schema_editor):
+    return "CONCURRENTLY " if schema_editor.connection.vendor == "postgresql" else ""
+
+
 def drop_index(apps, schema_editor):
-    concurrently = "CONCURRENTLY " if schema_editor.connection.vendor == "postgresql" else ""
-    schema_editor.execute(f'DROP INDEX {concurrently}IF EXISTS "{INDEX}"')
+    schema_editor.execute(f'DROP INDEX {_concurrently(schema_editor)}IF EXISTS "{INDEX}"')
 
 
 def create_index(apps, schema_editor):
-    concurrently = "CONCURRENTLY " if schema_editor.connection.vendor == "postgresql" else ""
     schema_editor.execute(
-        f'CREATE INDEX {concurrently}IF NOT EXISTS "{INDEX}" ON "dlq_replayitem" ("plan_id")'
+        f"CREATE INDEX {_concurrently(schema_editor)}IF NOT EXISTS "
+        f'"{INDEX}" ON "dlq_replayitem" ("plan_id")'
     )
 
 

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import functools
 import os
 import socket
 import time
@@ -229,19 +230,15 @@ def _insert_items(plan: ReplayPlan, ids: list[int], start: int) -> None:
     )
 
 
-_SEQUENCE: dict[str, str] = {}
-
-
+@functools.cache
 def _item_sequence() -> str:
     """The items' id sequence (asked once per process, not per inserted row)."""
-    if "items" not in _SEQUENCE:
-        with connection.cursor() as cursor:
-            cursor.execute(
-                "SELECT pg_get_serial_sequence(%s, 'id')",
-                [connection.ops.quote_name(ReplayItem._meta.db_table)],
-            )
-            _SEQUENCE["items"] = cursor.fetchone()[0]
-    return _SEQUENCE["items"]
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT pg_get_serial_sequence(%s, 'id')",
+            [connection.ops.quote_name(ReplayItem._meta.db_table)],
+        )
+        return str(cursor.fetchone()[0])
 
 
 def chunk_request(plan: ReplayPlan, ids: list[int], start: int) -> dict[str, Any]:
