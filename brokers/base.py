@@ -409,7 +409,23 @@ def json_safe_headers(headers: Mapping[str, Any] | None) -> dict[str, Any]:
     """Headers as JSON-safe data: text stays text, bytes become text when valid UTF-8, else
     ``{"$bytes": "<hex>"}``; nested tables and lists are converted recursively; other scalars are
     kept when JSON can hold them, else their ``repr``. Values are never evaluated."""
-    return {str(k): _json_safe(v, depth=0) for k, v in (headers or {}).items()}
+    return _safe_table(headers or {}, 0)
+
+
+#: Exact types kept as they are without a call of ``_json_safe`` (the common header values;
+#: their subclasses take the general path, with the same result).
+_PLAIN = frozenset({str, int, float, bool, type(None)})
+
+
+def _safe_table(table: Mapping[Any, Any], depth: int) -> dict[str, Any]:
+    """A table's entries made JSON-safe: ``_json_safe`` per value, inlined for plain values
+    (a dead letter's dozen headers, each converted on the drain's thread)."""
+    if depth > 32:
+        return {str(k): _json_safe(v, depth) for k, v in table.items()}  # each its marker
+    out: dict[str, Any] = {}
+    for k, v in table.items():
+        out[k if type(k) is str else str(k)] = v if type(v) in _PLAIN else _json_safe(v, depth)
+    return out
 
 
 def _json_safe(value: Any, depth: int) -> Any:
@@ -424,7 +440,7 @@ def _json_safe(value: Any, depth: int) -> Any:
         except UnicodeDecodeError:
             return {"$bytes": raw.hex()}
     if isinstance(value, Mapping):
-        return {str(k): _json_safe(v, depth + 1) for k, v in value.items()}
+        return _safe_table(value, depth + 1)
     if isinstance(value, list | tuple):
         return [_json_safe(v, depth + 1) for v in value]
     if hasattr(value, "timestamp"):

@@ -1254,6 +1254,9 @@ def _dead_letter(
         redelivery_count = _int(headers.get("x-delivery-count"))
     dead_lettered_at = _epoch(deaths[0].get("time")) if deaths else None
     safe_headers, properties = json_safe_headers(headers), _properties(props)
+    # The history is the headers' own converted ``x-death`` entries (converted once; nested
+    # two levels deeper there, so a table nested more than 30 levels is cut two levels sooner).
+    safe_deaths = safe_headers["x-death"] if deaths else []
     return DeadLetter(
         dedupe_key=_dedupe_key(vhost, queue, body, properties, safe_headers),
         body=body,
@@ -1267,7 +1270,9 @@ def _dead_letter(
         first_death_exchange=first_exchange,
         first_death_at=first_death_at,
         dead_lettered_at=dead_lettered_at,
-        death_history=[json_safe_headers(d) for d in deaths],
+        death_history=[
+            safe for raw, safe in zip(deaths_raw or [], safe_deaths) if isinstance(raw, dict)
+        ],
     )
 
 

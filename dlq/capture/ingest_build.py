@@ -213,16 +213,16 @@ def build_entry(channel: Channel, letter: Letter, source: str, now: dt.datetime)
     headers, headers_json = _json_no_nul(letter.headers)
     properties, properties_json = _json_no_nul(letter.properties)
     death_history, death_history_json = _json_no_nul(list(letter.death_history))
-    # Header names are case-insensitive (NATS clients send ``Content-Type``).
-    content_type = _text(
-        properties.get("content_type") or message.lowered(headers).get("content-type"), 200
-    )
+    # Header names are case-insensitive (NATS clients send ``Content-Type``): keyed in lower
+    # case once, for every lookup below.
+    lowered = message.lowered(headers)
+    content_type = _text(properties.get("content_type") or lowered.get("content-type"), 200)
     document = render.parse_json(letter.body)
     is_parseable = _is_parseable(content_type, document)
     found_in = source
     source = _routed_source(channel, source, is_parseable)
     visible_headers = redaction.redact_headers(headers, channel)
-    t = _triage(channel, letter, headers, visible_headers, properties, document, source)
+    t = _triage(channel, letter, headers, lowered, visible_headers, properties, document, source)
     body_view = _body_view(channel, letter, document)
     limit = _delivery_limit(channel)
     entry = Row(
@@ -240,7 +240,7 @@ def build_entry(channel: Channel, letter: Letter, source: str, now: dt.datetime)
             "error_class": t.error_class,
             "error_message": t.error_message,
             "redelivery_count": message.delivery_count(
-                letter.redelivery_count, message.lowered(headers), t.job, delivery_limit=limit
+                letter.redelivery_count, lowered, t.job, delivery_limit=limit
             ),
             "first_death_queue": _text(letter.first_death_queue, 255),
             "first_death_exchange": _text(letter.first_death_exchange, 255),
@@ -318,14 +318,14 @@ def _triage(
     channel: Channel,
     letter: Letter,
     headers: dict[str, Any],
+    lowered: message.Lowered,
     visible_headers: dict[str, Any],
     properties: dict[str, Any],
     document: Any,
     source: str,
 ) -> _Triage:
     """What failed and why (from the headers, a known job client, the registered schema),
-    the message type and the idempotency key."""
-    lowered = message.lowered(headers)
+    the message type and the idempotency key. ``lowered`` is ``headers`` keyed in lower case."""
     visible_lowered = lowered if visible_headers is headers else message.lowered(visible_headers)
     reason = _text(letter.reason or _first_header(lowered, ["reason", "x-first-death-reason"]), 100)
     # The cause, first found wins: what the broker carried for this death (a NATS term
@@ -350,7 +350,7 @@ def _triage(
     error_class = error_class or _text(job.get("error_class"), 300)
     error_message = error_message or _text(job.get("error_message"), 10_000)
     # A field-map Redis entry keeps its fields as the message: a header-declared key is there.
-    key_headers = headers
+    key_headers: dict[str, Any] = lowered
     if isinstance(properties.get(redis_streams.ORIGINAL_FIELDS), list):
         key_headers = {**dict(properties[redis_streams.ORIGINAL_FIELDS]), **headers}
     idem = read_idempotency_key(channel, key_headers, properties, document)
