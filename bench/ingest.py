@@ -13,6 +13,12 @@ Search freshness is measured from outside, on a connection of its own: every 200
 ingest, the age of the oldest stored entry of the round that the text filter cannot find yet
 (no ``SearchText`` row); the report gives its p50, p95 and maximum over the polls.
 
+CPU per message is printed for both sides (medians over the rounds): this process's (user +
+system, every thread) and the whole machine's busy time (``/proc/stat``: the broker, PostgreSQL
+and the kernel included), beside what the machine had (cores × wall time per message). On a
+machine that is nearly all busy during ingest, the ratio can only rise by using less CPU per
+message somewhere, not by overlapping more.
+
 The process settles its heap after start-up as a Celery worker does (``config.celery``);
 ``BENCH_SETTLE_HEAP=0`` leaves it as it is, to compare.
 """
@@ -21,11 +27,13 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+import resource
 import statistics
 import sys
 import threading
 import time
 import uuid
+from collections.abc import Callable
 
 import django
 import pika
@@ -89,6 +97,51 @@ def fill(queue: str, run: str) -> None:
             sys.exit("messages did not all arrive")
         time.sleep(0.1)
     connection.close()
+
+
+class CpuMeter:
+    """CPU used during a block, per message: this process's and the machine's (busy time from
+    ``/proc/stat``; none where there is no such file), and the machine's capacity (cores ×
+    wall)."""
+
+    def __init__(self) -> None:
+        self.process: list[float] = []
+        self.machine: list[float] = []
+        self.capacity: list[float] = []
+
+    @staticmethod
+    def _machine_busy() -> float | None:
+        try:
+            with open("/proc/stat") as f:
+                ticks = [int(v) for v in f.readline().split()[1:]]
+        except OSError:
+            return None
+        return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")  # - idle, iowait
+
+    @staticmethod
+    def _process() -> float:
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        return usage.ru_utime + usage.ru_stime
+
+    def measure(self, run: Callable[[], float]) -> float:
+        """Run ``run()`` (it returns its wall time in seconds); note its CPU per message."""
+        process, machine = self._process(), self._machine_busy()
+        wall = run()
+        self.process.append(1e6 * (self._process() - process) / N)
+        busy = self._machine_busy()
+        if machine is not None and busy is not None:
+            self.machine.append(1e6 * (busy - machine) / N)
+            self.capacity.append(1e6 * (os.cpu_count() or 1) * wall / N)
+        return wall
+
+    def line(self) -> str:
+        text = f"process {statistics.median(self.process):4.0f} us/msg"
+        if self.machine:
+            text += (
+                f", machine busy {statistics.median(self.machine):4.0f} us/msg of"
+                f" {statistics.median(self.capacity):4.0f} (cores x wall)"
+            )
+        return text
 
 
 def bare_loop(queue: str) -> float:
@@ -190,18 +243,25 @@ def main() -> None:
     )
     bare_rates: list[float] = []
     ingest_rates: list[float] = []
+    bare_cpu, ingest_cpu = CpuMeter(), CpuMeter()
+    results = []
+
+    def ingest() -> float:
+        started = time.perf_counter()
+        results.append(ingest_channel(channel, max_batches=10_000))
+        return time.perf_counter() - started
+
     ages: list[float] = []
     stored = batches = 0
     for r in range(ROUNDS):
         # Interleaved: each round fills the queue for the peer, drains it, then for ingest.
         fill(queue, f"{run}{r}a")
-        bare_rates.append(N / bare_loop(queue))
+        bare_rates.append(N / bare_cpu.measure(lambda: bare_loop(queue)))
         fill(queue, f"{run}{r}b")
         after_id = DeadLetter.objects.order_by("-id").values_list("id", flat=True).first() or 0
         with FreshnessProbe(channel.pk, after_id) as probe:
-            started = time.perf_counter()
-            result = ingest_channel(channel, max_batches=10_000)
-            ingest_rates.append(N / (time.perf_counter() - started))
+            ingest_rates.append(N / ingest_cpu.measure(ingest))
+        result = results[-1]
         ages += probe.ages
         batches += result.batches
         print(
@@ -218,6 +278,8 @@ def main() -> None:
     print(f"messages: {N} per side per round, {ROUNDS} rounds; stored {stored}, left {left}")
     print(f"bare consume+ack : {statistics.median(bare_rates):9.0f} msg/s (median)")
     print(f"dlq ingest       : {statistics.median(ingest_rates):9.0f} msg/s (median)")
+    print(f"CPU, bare        : {bare_cpu.line()}")
+    print(f"CPU, ingest      : {ingest_cpu.line()}")
     print(f"ratio ingest/bare: {statistics.median(ratios):.2f}x (target >= 0.5x)")
     print(
         f"search freshness : oldest stored entry not yet searchable, over {len(ages)} polls: "
