@@ -1256,7 +1256,15 @@ def _dead_letter(
     safe_headers, properties = json_safe_headers(headers), _properties(props)
     # The history is the headers' own converted ``x-death`` entries (converted once; nested
     # two levels deeper there, so a table nested more than 30 levels is cut two levels sooner).
-    safe_deaths = safe_headers["x-death"] if deaths else []
+    history = (
+        [
+            s
+            for raw, s in zip(deaths_raw, safe_headers["x-death"], strict=True)
+            if isinstance(raw, dict)
+        ]
+        if deaths and isinstance(deaths_raw, list)
+        else []
+    )
     return DeadLetter(
         dedupe_key=_dedupe_key(vhost, queue, body, properties, safe_headers),
         body=body,
@@ -1270,9 +1278,7 @@ def _dead_letter(
         first_death_exchange=first_exchange,
         first_death_at=first_death_at,
         dead_lettered_at=dead_lettered_at,
-        death_history=[
-            safe for raw, safe in zip(deaths_raw or [], safe_deaths) if isinstance(raw, dict)
-        ],
+        death_history=history,
     )
 
 

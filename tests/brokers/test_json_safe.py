@@ -92,7 +92,7 @@ def test_json_safe_headers_marks_deep_nesting_as_the_plain_walk_does() -> None:
 
 def test_death_history_is_the_headers_own_x_death_tables() -> None:
     """The history reuses the converted ``x-death`` entries (tables only, in order)."""
-    when = dt.datetime(2026, 12, 5, 4, 0)
+    when = dt.datetime(2026, 12, 5, 4, 0, tzinfo=dt.UTC)
     deaths = [
         {"queue": b"orders", "count": 2, "reason": "rejected", "time": when},
         "not a table",
