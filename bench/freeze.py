@@ -67,6 +67,8 @@ def _pg(dbname: str = "postgres") -> Any:
 def _django() -> None:
     os.environ["DATABASE_URL"] = _url(DB)
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+    # As production runs (DEBUG is off there): no per-statement SQL log (DEBUG=1 to compare).
+    os.environ.setdefault("DEBUG", "0")
     os.environ.pop("CELERY_BROKER_URL", None)
     import django
 

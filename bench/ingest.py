@@ -222,6 +222,8 @@ def main() -> None:
     if not os.environ.get("DATABASE_URL", "").startswith("postgres"):
         sys.exit("Set DATABASE_URL to a PostgreSQL database for the benchmark.")
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+    # As production runs (DEBUG is off there): no per-statement SQL log (DEBUG=1 to compare).
+    os.environ.setdefault("DEBUG", "0")
     os.environ["DLO_BROKER_BENCH_INGEST_URL"] = URL
     django.setup()
     from django.core.management import call_command

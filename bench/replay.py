@@ -63,6 +63,8 @@ def setup_django() -> None:
         conn.execute(f'CREATE DATABASE "{DB}"')
     os.environ["DATABASE_URL"] = PG_ADMIN.rsplit("/", 1)[0] + "/" + DB
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+    # As production runs (DEBUG is off there): no per-statement SQL log (DEBUG=1 to compare).
+    os.environ.setdefault("DEBUG", "0")
     os.environ.pop("CELERY_BROKER_URL", None)
     import django
 
