@@ -99,6 +99,14 @@ def fill(queue: str, run: str) -> None:
     connection.close()
 
 
+def _cpus() -> int:
+    """The CPUs this process may run on (its affinity, where the system tells it)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
 class CpuMeter:
     """CPU used during a block, per message: this process's and the machine's (busy time from
     ``/proc/stat``; none where there is no such file), and the machine's capacity (cores ×
@@ -116,7 +124,10 @@ class CpuMeter:
                 ticks = [int(v) for v in f.readline().split()[1:]]
         except OSError:
             return None
-        return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")  # - idle, iowait
+        # user, nice, system, irq, softirq (guest time is inside user); not idle, iowait, or
+        # steal (time the hypervisor gave to someone else).
+        busy = ticks[0] + ticks[1] + ticks[2] + ticks[5] + ticks[6]
+        return busy / os.sysconf("SC_CLK_TCK")
 
     @staticmethod
     def _process() -> float:
@@ -131,7 +142,7 @@ class CpuMeter:
         busy = self._machine_busy()
         if machine is not None and busy is not None:
             self.machine.append(1e6 * (busy - machine) / N)
-            self.capacity.append(1e6 * (os.cpu_count() or 1) * wall / N)
+            self.capacity.append(1e6 * _cpus() * wall / N)
         return wall
 
     def line(self) -> str:
