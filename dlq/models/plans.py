@@ -215,7 +215,15 @@ class ReplayItem(models.Model):
     plan = models.ForeignKey(
         ReplayPlan, on_delete=models.CASCADE, related_name="items", db_index=False
     )
-    entry = models.ForeignKey("dlq.DeadLetter", on_delete=models.CASCADE, related_name="items")
+    # No database constraint (migration 0018), as on the state and search rows: its check at
+    # the freeze's commit locked every frozen entry's wide row (``FOR KEY SHARE``), dirtying
+    # the whole dead-letter table, half of a 1M-entry freeze's time. The freeze inserts an
+    # item only for an entry whose state row it holds locked; entries leave by whole
+    # partitions, which delete their items first (``dlq.capture.partitions``), and an ORM
+    # delete still cascades.
+    entry = models.ForeignKey(
+        "dlq.DeadLetter", on_delete=models.CASCADE, related_name="items", db_constraint=False
+    )
     position = models.PositiveIntegerField()  # replay order within the plan
     status = models.CharField(max_length=10, choices=ItemStatus.choices, default="pending")
     attempts = models.PositiveSmallIntegerField(default=0)

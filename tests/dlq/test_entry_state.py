@@ -131,14 +131,19 @@ def _row_versions(ids: list[int]) -> dict[int, tuple[str, str, str]]:
 @pytest.mark.skipif(
     "connection.vendor != 'postgresql'", reason="row versions (xmin, ctid) are PostgreSQL's"
 )
+@pytest.mark.django_db(transaction=True)
 def test_no_freeze_replay_cancel_or_discard_writes_or_locks_the_dead_letter_row(
     oncall: User, publisher: RecordingAdapter
 ) -> None:
+    """With real commits: a deferred check (the items' foreign key to the entries was one,
+    until migration 0018) runs at the commit, which a test transaction never reaches."""
     channel = make_channel()
     entries = store(channel, *[letter(b'{"n": %d}' % i) for i in range(6)])
     ids = [e.pk for e in entries]
     before = _row_versions(ids)
-    assert all(xmax == "0" for _ctid, _xmin, xmax in before.values())
+    samples = set(FailureGroup.objects.values_list("sample_id", flat=True))
+    # Only a group's sample is locked (its foreign key's check, once per group).
+    assert {pk for pk, (_c, _x, xmax) in before.items() if xmax != "0"} <= samples
 
     replayed = plan_for(entries[:2], oncall)  # freeze: items and REPLAYING
     relay.run_plan(replayed.pk)  # claim, publish, REPLAYED
@@ -193,3 +198,40 @@ def test_the_migration_moves_every_status_and_back(back_to_latest: None) -> None
         assert tuple(getattr(_state(entry.pk), c) for c in COPIED) == _copied(entry)
     [later] = store(channel, letter(b'{"n": "later"}'))
     assert _state(later.pk).status == Status.NEW
+
+
+def _item_constraints() -> dict[str, bool]:
+    """The replay items' foreign keys to the dead letters: name → validated (the parent
+    constraint and, for a partitioned table, one inherited copy per partition)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT conname, convalidated, conparentid = 0 FROM pg_constraint "
+            "WHERE conrelid = 'dlq_replayitem'::regclass "
+            "AND confrelid = 'dlq_deadletter'::regclass AND contype = 'f'"
+        )
+        return {name: valid for name, valid, parent in cursor.fetchall() if parent}
+
+
+@pytest.mark.slow
+@pytest.mark.skipif("connection.vendor != 'postgresql'", reason="the constraint is PostgreSQL's")
+@pytest.mark.django_db(transaction=True)
+def test_migration_0018_drops_the_items_key_to_the_entries_and_back(
+    oncall: User, back_to_latest: None
+) -> None:
+    """Forwards drops only the parent constraint (PostgreSQL refuses to drop a partition's
+    inherited copy, which Django's own ``AlterField`` tries); backwards adds it again and
+    validates it against the items that exist. A plan's items survive both ways."""
+    channel = make_channel()
+    entries = store(channel, *[letter(b'{"n": %d}' % i) for i in range(3)])
+    plan = plan_for(entries, oncall)
+    assert _item_constraints() == {}
+
+    migrate_to([("dlq", "0017_item_plan_index")])
+    assert list(_item_constraints().values()) == [True]
+    assert ReplayItem.objects.filter(plan=plan).count() == 3
+
+    migrate_to([("dlq", "0018_item_entry_constraint")])
+    assert _item_constraints() == {}
+    assert sorted(ReplayItem.objects.filter(plan=plan).values_list("entry_id", flat=True)) == [
+        e.pk for e in entries
+    ]
