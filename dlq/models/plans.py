@@ -8,6 +8,8 @@ through the items; every attempt is a row update, every terminal outcome an audi
 
 from __future__ import annotations
 
+import heapq
+
 from django.conf import settings
 from django.db import models
 from django.db.models.functions import Cast, Concat
@@ -251,7 +253,14 @@ class ReplayItem(models.Model):
             models.UniqueConstraint(fields=["plan", "entry"], name="dlq_item_unique_entry")
         ]
         indexes = [
-            models.Index(fields=["plan", "status", "position"], name="dlq_item_plan_status_pos")
+            models.Index(fields=["plan", "status", "position"], name="dlq_item_plan_status_pos"),
+            # The plan page's problems, in plan order (migration 0019). Only items with an error
+            # have an entry: a confirmed outcome clears it, so the relay's usual write adds none.
+            models.Index(
+                fields=["plan", "position"],
+                condition=~models.Q(last_error=""),
+                name="dlq_item_plan_error_pos",
+            ),
         ]
 
     def __str__(self) -> str:
@@ -272,6 +281,17 @@ class ReplayItem(models.Model):
     def shown_status(self) -> str:
         """The status a person reads: "Sending" for an item ``in_flight``."""
         return ItemStatus.SENDING.label if self.in_flight else self.get_status_display()
+
+
+def first_items(plan: ReplayPlan, size: int) -> list[ReplayItem]:
+    """The plan's first ``size`` items in plan order, each with its plan (``shown_status``
+    reads the plan's cursor). One walk of ``(plan, status, position)`` per status, merged
+    here: no index orders a plan's items by position alone, so ``ORDER BY position`` sorted
+    every item of the plan (170 ms for a plan of 1M), and a further index would cost every
+    relay outcome a write."""
+    items = ReplayItem.objects.filter(plan=plan).select_related("plan").order_by("position")
+    found = [item for status in ItemStatus.values for item in items.filter(status=status)[:size]]
+    return heapq.nsmallest(size, found, key=lambda item: item.position)
 
 
 def first_replay_id(plan: ReplayPlan | int) -> models.Expression:

@@ -20,7 +20,7 @@ from audit.actions import Actor
 from audit.models import AuditEvent
 from dashboard.http import HtmxHttpRequest
 from dlq.models import ItemStatus, PlanKind, PlanStatus, ReplayItem
-from dlq.models.plans import RUNNABLE
+from dlq.models.plans import RUNNABLE, first_items
 from dlq.plans.actions import (
     PlanRefused,
     do_approve_plan,
@@ -175,9 +175,7 @@ def plan_detail(request: HtmxHttpRequest, pk: int) -> HttpResponse:
         .order_by("position")[:ITEMS_SHOWN]
     )
     context.update(
-        items=ReplayItem.objects.filter(plan=plan)
-        .select_related("plan")  # ``shown_status`` reads the plan's cursor
-        .order_by("position")[:ITEMS_SHOWN],
+        items=first_items(plan, ITEMS_SHOWN),
         problems=problems,
         history=AuditEvent.objects.filter(
             target_type="dlq.replayplan", target_id=str(plan.pk)

@@ -4,10 +4,12 @@ recording publisher (the real brokers are in test_replay_brokers.py)."""
 from __future__ import annotations
 
 import collections
+import re
 from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
+from django.db import connection
 from django.test import override_settings
 
 from audit.actions import Actor
@@ -17,7 +19,7 @@ from brokers.base import OutgoingMessage
 from brokers.base import PublishOutcome as Outcome
 from channels_registry.models import ChannelHealth
 from dlq.models import DeadLetter, ItemStatus, PlanStatus, ReplayItem, ReplayPlan, Status
-from dlq.models.plans import OUTCOME_ACTION, outcome_line
+from dlq.models.plans import OUTCOME_ACTION, first_items, outcome_line
 from dlq.plans import freeze, relay
 from dlq.plans.actions import (
     PlanRefused,
@@ -505,6 +507,51 @@ def test_plan_page_shows_progress_and_polls_while_live(
     listing = client_for(viewer).get("/dead-letters/replays/").content.decode()
     assert plan.get_absolute_url() in listing
     assert client_for(make_user("olga")).get("/dead-letters/replays/").status_code == 403
+
+
+def test_plan_page_lists_the_first_items_in_plan_order_whatever_their_status(
+    oncall: User,
+) -> None:
+    """``first_items`` merges one walk per status; the result is the plain ``ORDER BY
+    position``, items in every status interleaved, and the problems are those with an error."""
+    entries = _entries(9)
+    plan = plan_for(entries, oncall)
+    items = list(ReplayItem.objects.filter(plan=plan).order_by("position"))
+    statuses = [ItemStatus.FAILED, ItemStatus.CONFIRMED, ItemStatus.PENDING, ItemStatus.SKIPPED]
+    for n, item in enumerate(items):
+        error = "<b>refused</b>" if n % 3 == 0 else ""
+        ReplayItem.objects.filter(pk=item.pk).update(status=statuses[n % 4], last_error=error)
+    assert [i.pk for i in first_items(plan, 5)] == [i.pk for i in items[:5]]
+    assert [i.pk for i in first_items(plan, 50)] == [i.pk for i in items]
+    html = client_for(oncall).get(plan.get_absolute_url()).content.decode()
+    shown = [int(pk) for pk in re.findall(r'<td><a href="/dead-letters/(\d+)/"', html)]
+    assert shown == [i.entry_id for i in items]
+    assert html.count("&lt;b&gt;refused&lt;/b&gt;") == 2 * 3  # the table and the problems list
+    assert "<b>refused" not in html
+
+
+def _plan_of(sql: str, params: list[Any]) -> str:
+    """PostgreSQL's plan for ``sql`` with sequential scans and sorts priced out, as a table of
+    a million items would price them."""
+    with connection.cursor() as cursor:
+        cursor.execute("SET LOCAL enable_seqscan = off")
+        cursor.execute("SET LOCAL enable_sort = off")
+        cursor.execute(f"EXPLAIN {sql}", params)
+        plan = "\n".join(row[0] for row in cursor.fetchall())
+        cursor.execute("RESET enable_seqscan")
+        cursor.execute("RESET enable_sort")
+    return plan
+
+
+@pytest.mark.skipif("connection.vendor != 'postgresql'", reason="PostgreSQL's plans")
+def test_plan_page_queries_walk_an_index_in_plan_order(oncall: User) -> None:
+    plan = plan_for(_entries(3), oncall)
+    walk = ReplayItem.objects.filter(plan=plan, status=ItemStatus.PENDING).order_by("position")
+    problems = ReplayItem.objects.filter(plan=plan).exclude(last_error="").order_by("position")
+    for query, index in ((walk, "dlq_item_plan_status_pos"), (problems, "dlq_item_plan_error_pos")):
+        sql, params = query[:50].query.sql_with_params()
+        explained = _plan_of(sql, list(params))
+        assert index in explained and "Sort" not in explained, explained
 
 
 def test_the_periodic_relay_picks_up_orphaned_plans(
