@@ -36,7 +36,8 @@ def _constraints(cursor):
 
 
 def _with_lock_timeout(schema_editor, sql):
-    """``sql`` under a short lock timeout, retried with back-off (a savepoint per attempt)."""
+    """``sql`` under a short lock timeout, retried with back-off (a transaction per attempt:
+    the migration is not atomic)."""
     for attempt in range(ATTEMPTS):
         try:
             connection = schema_editor.connection

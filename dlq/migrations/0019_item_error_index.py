@@ -16,6 +16,15 @@ def _concurrently(schema_editor):
 
 
 def create_index(apps, schema_editor):
+    if schema_editor.connection.vendor == "postgresql":
+        # An interrupted concurrent build leaves an invalid index that IF NOT EXISTS would keep.
+        with schema_editor.connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT 1 FROM pg_index WHERE indexrelid = to_regclass(%s) AND NOT indisvalid",
+                [INDEX],
+            )
+            if cursor.fetchone():
+                drop_index(apps, schema_editor)
     schema_editor.execute(
         f'CREATE INDEX {_concurrently(schema_editor)}IF NOT EXISTS "{INDEX}" '
         'ON "dlq_replayitem" ("plan_id", "position") WHERE NOT ("last_error" = \'\')'
