@@ -283,15 +283,28 @@ class ReplayItem(models.Model):
         return ItemStatus.SENDING.label if self.in_flight else self.get_status_display()
 
 
+def items_in_status(plan: ReplayPlan, status: str) -> models.QuerySet[ReplayItem]:
+    """The plan's items in ``status``, in plan order, each with its plan: a walk of the
+    ``(plan, status, position)`` index."""
+    items = ReplayItem.objects.filter(plan=plan, status=status).select_related("plan")
+    return items.order_by("position")
+
+
 def first_items(plan: ReplayPlan, size: int) -> list[ReplayItem]:
     """The plan's first ``size`` items in plan order, each with its plan (``shown_status``
-    reads the plan's cursor). One walk of ``(plan, status, position)`` per status, merged
-    here: no index orders a plan's items by position alone, so ``ORDER BY position`` sorted
-    every item of the plan (170 ms for a plan of 1M), and a further index would cost every
-    relay outcome a write."""
-    items = ReplayItem.objects.filter(plan=plan).select_related("plan").order_by("position")
-    found = [item for status in ItemStatus.values for item in items.filter(status=status)[:size]]
+    reads the plan's cursor). One walk per status (``items_in_status``), merged here: no index
+    orders a plan's items by position alone, so ``ORDER BY position`` sorted every item of the
+    plan (170 ms for a plan of 1M), and a further index would cost every relay outcome a
+    write."""
+    found = [item for status in ItemStatus.values for item in items_in_status(plan, status)[:size]]
     return heapq.nsmallest(size, found, key=lambda item: item.position)
+
+
+def items_with_errors(plan: ReplayPlan) -> models.QuerySet[ReplayItem]:
+    """The plan's items with an error, in plan order: a walk of the partial index
+    ``dlq_item_plan_error_pos`` (migration 0019). The page shows only the entry's id, so the
+    wide dead-letter rows are not joined."""
+    return ReplayItem.objects.filter(plan=plan).exclude(last_error="").order_by("position")
 
 
 def first_replay_id(plan: ReplayPlan | int) -> models.Expression:

@@ -19,8 +19,8 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 from audit.actions import Actor
 from audit.models import AuditEvent
 from dashboard.http import HtmxHttpRequest
-from dlq.models import ItemStatus, PlanKind, PlanStatus, ReplayItem
-from dlq.models.plans import RUNNABLE, first_items
+from dlq.models import ItemStatus, PlanKind, PlanStatus
+from dlq.models.plans import RUNNABLE, first_items, items_with_errors
 from dlq.plans.actions import (
     PlanRefused,
     do_approve_plan,
@@ -168,15 +168,9 @@ def plan_detail(request: HtmxHttpRequest, pk: int) -> HttpResponse:
             # and items are current too.
             response["HX-Refresh"] = "true"
         return response
-    problems = (
-        ReplayItem.objects.filter(plan=plan)
-        .exclude(last_error="")
-        .select_related("entry")
-        .order_by("position")[:ITEMS_SHOWN]
-    )
     context.update(
         items=first_items(plan, ITEMS_SHOWN),
-        problems=problems,
+        problems=items_with_errors(plan)[:ITEMS_SHOWN],
         history=AuditEvent.objects.filter(
             target_type="dlq.replayplan", target_id=str(plan.pk)
         ).order_by("-seq")[:50],

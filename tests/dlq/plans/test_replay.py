@@ -19,7 +19,13 @@ from brokers.base import OutgoingMessage
 from brokers.base import PublishOutcome as Outcome
 from channels_registry.models import ChannelHealth
 from dlq.models import DeadLetter, ItemStatus, PlanStatus, ReplayItem, ReplayPlan, Status
-from dlq.models.plans import OUTCOME_ACTION, first_items, outcome_line
+from dlq.models.plans import (
+    OUTCOME_ACTION,
+    first_items,
+    items_in_status,
+    items_with_errors,
+    outcome_line,
+)
 from dlq.plans import freeze, relay
 from dlq.plans.actions import (
     PlanRefused,
@@ -546,8 +552,7 @@ def _plan_of(sql: str, params: list[Any]) -> str:
 @pytest.mark.skipif("connection.vendor != 'postgresql'", reason="PostgreSQL's plans")
 def test_plan_page_queries_walk_an_index_in_plan_order(oncall: User) -> None:
     plan = plan_for(_entries(3), oncall)
-    walk = ReplayItem.objects.filter(plan=plan, status=ItemStatus.PENDING).order_by("position")
-    problems = ReplayItem.objects.filter(plan=plan).exclude(last_error="").order_by("position")
+    walk, problems = items_in_status(plan, ItemStatus.PENDING), items_with_errors(plan)
     for query, index in ((walk, "dlq_item_plan_status_pos"), (problems, "dlq_item_plan_error_pos")):
         sql, params = query[:50].query.sql_with_params()
         explained = _plan_of(sql, list(params))
