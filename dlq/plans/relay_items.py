@@ -24,7 +24,7 @@ from typing import Any
 from django.db import connection, transaction
 from django.db.models import CharField, Exists, F, OuterRef, Q, Value
 from django.db.models.base import ModelState
-from django.db.models.functions import Cast, Concat
+from django.db.models.functions import Cast, Concat, Length
 from django.utils import timezone
 
 from dlq.models import DeadLetter, ItemStatus, ReplayItem, ReplayPlan
@@ -34,6 +34,12 @@ from dlq.plans.relay_publish import STORED_DEATH_HEADERS
 # A relay renews its lease every batch; a crashed one is taken over once it expires. The
 # environment override is for the fault tests, which restart a killed relay at once.
 LEASE_S = float(os.environ.get("DLO_REPLAY_LEASE_S", "60"))
+
+
+# A batch's messages are held in memory until their outcomes are recorded, and two batches are
+# in flight (``dlq.plans.relay.IN_FLIGHT``): a claim stops at this many bytes of bodies, after
+# at least one item, so that 5,000 large messages never sit in one worker's memory at once.
+BATCH_BYTES = 16 * 1024 * 1024
 
 
 def claim_plan(plan_id: int, owner: str) -> bool:
@@ -130,7 +136,7 @@ def take_batch(
             in_doubt = ReplayItem.objects.filter(plan=plan, status=ItemStatus.SENDING)
             if busy:
                 in_doubt = in_doubt.exclude(pk__any=busy)
-            items = list(in_doubt.order_by("position")[:limit])
+            items = _within_bytes(list(in_doubt.order_by("position")[:limit]))
             for item in items:
                 item.__dict__["_in_doubt"] = True
             if items:
@@ -151,15 +157,43 @@ def take_batch(
             due = Q(next_attempt_at__isnull=True) | Q(next_attempt_at__lte=now)
             if upto is not None:
                 due &= Q(position__lt=upto)
-            items = list(
+            items = _within_bytes(list(
                 ReplayItem.objects.filter(
                     due, plan=plan, status=ItemStatus.PENDING, publishes__gt=0,
                     position__lt=through,
                 ).order_by("position")[:limit]
-            )  # fmt: skip
+            ))  # fmt: skip
             if items:
                 _claim_items(plan, items)
         return items or _claim_first(plan, limit, upto, through)
+
+
+def _within_bytes(items: list[ReplayItem]) -> list[ReplayItem]:
+    """The first of ``items`` (in plan order) whose entries' bodies fit in ``BATCH_BYTES``, at
+    least one: for the claims that read items without their bodies (in doubt; retries on
+    every database but PostgreSQL). One query of the bodies' lengths, not the bodies."""
+    if len(items) <= 1:
+        return items
+    sizes = dict(
+        DeadLetter.objects.filter(pk__any=[i.entry_id for i in items])
+        .annotate(body_bytes=Length("body"))
+        .values_list("pk", "body_bytes")
+    )
+    total = 0
+    for n, item in enumerate(items):
+        if n and total >= BATCH_BYTES:
+            return items[:n]
+        total += sizes.get(item.entry_id) or 0
+    return items
+
+
+def _bytes_before(body: str, order: str) -> str:
+    """SQL: the bytes of the bodies before this row in plan order (a running sum), for the
+    claims that read the bodies themselves; a row is taken while it is below ``BATCH_BYTES``.
+    ``octet_length`` reads a stored body's size without reading the body."""
+    length = "octet_length" if connection.vendor == "postgresql" else "length"  # SQLite: bytes
+    size = f"COALESCE({length}({body}), 0)"
+    return f"SUM({size}) OVER (ORDER BY {order} ROWS UNBOUNDED PRECEDING) - {size}"
 
 
 def _claim_items(plan: ReplayPlan, items: list[ReplayItem]) -> None:
@@ -215,16 +249,19 @@ def _claim_sql(upto: bool) -> str:
     item, entry = q(ReplayItem._meta.db_table), q(DeadLetter._meta.db_table)
     position = q("position")
     return f"""
-        WITH picked AS (
-            SELECT id, publishes AS old_publishes, republished AS old_republished,
-                   replay_id <> '' AS kept
-            FROM {item}
-            WHERE plan_id = %(plan)s AND status = 'pending' AND {position} < %(through)s
-              AND publishes > 0 AND (next_attempt_at IS NULL OR next_attempt_at <= %(now)s)
-              {f"AND {position} < %(upto)s" if upto else ""}
-            ORDER BY {position}
+        WITH ranked AS (
+            SELECT i.id, i.publishes AS old_publishes, i.republished AS old_republished,
+                   i.replay_id <> '' AS kept,
+                   {_bytes_before("d.body", f"i.{position}")} AS bytes_before
+            FROM {item} AS i JOIN {entry} AS d ON d.id = i.entry_id
+            WHERE i.plan_id = %(plan)s AND i.status = 'pending' AND i.{position} < %(through)s
+              AND i.publishes > 0
+              AND (i.next_attempt_at IS NULL OR i.next_attempt_at <= %(now)s)
+              {f"AND i.{position} < %(upto)s" if upto else ""}
+            ORDER BY i.{position}
             LIMIT %(limit)s
-        )
+        ),
+        picked AS (SELECT * FROM ranked WHERE bytes_before < %(bytes)s)
         UPDATE {item} AS i SET
             status = 'sending',
             attempts = i.attempts + 1,
@@ -262,6 +299,7 @@ def _claim_due(
         "now": now,
         "upto": upto,
         "limit": limit,
+        "bytes": BATCH_BYTES,
         "prefix": f"{plan.pk}:",
     }
     with connection.cursor() as cursor:
@@ -283,13 +321,19 @@ def _first_sql(upto: bool) -> str:
     item, entry = q(ReplayItem._meta.db_table), q(DeadLetter._meta.db_table)
     position = q("position")
     return f"""
-        SELECT i.id, i.entry_id, i.{position}, i.replay_id, d.body, {_sent_headers("d")},
-               d.properties, d.group_id
-        FROM {item} AS i JOIN {entry} AS d ON d.id = i.entry_id
-        WHERE i.plan_id = %s AND i.status = 'pending' AND i.publishes = 0
-          AND i.{position} >= %s {f"AND i.{position} < %s" if upto else ""}
-        ORDER BY i.{position}
-        LIMIT %s
+        SELECT id, entry_id, {position}, replay_id, body, headers, properties, group_id
+        FROM (
+            SELECT i.id, i.entry_id, i.{position}, i.replay_id, d.body,
+                   {_sent_headers("d")} AS headers, d.properties, d.group_id,
+                   {_bytes_before("d.body", f"i.{position}")} AS bytes_before
+            FROM {item} AS i JOIN {entry} AS d ON d.id = i.entry_id
+            WHERE i.plan_id = %s AND i.status = 'pending' AND i.publishes = 0
+              AND i.{position} >= %s {f"AND i.{position} < %s" if upto else ""}
+            ORDER BY i.{position}
+            LIMIT %s
+        ) AS batch
+        WHERE bytes_before < %s
+        ORDER BY {position}
     """
 
 
@@ -299,7 +343,8 @@ def _claim_first(plan: ReplayPlan, limit: int, upto: int | None, through: int) -
     the same UPDATE. Nothing is written to the items: their replay ids are the freeze's
     (``"<plan>:<item>:1"``; computed the same way for an item frozen before the freeze wrote
     them), and they stay PENDING until their outcome is recorded."""
-    params: list[Any] = [plan.pk, through] + ([upto] if upto is not None else []) + [limit]
+    params: list[Any] = [plan.pk, through] + ([upto] if upto is not None else [])
+    params += [limit, BATCH_BYTES]
     with connection.cursor() as c:
         c.execute(_first_sql(upto is not None), params)
         rows = c.fetchall()
