@@ -17,8 +17,9 @@ interleaved over ``BENCH_ROUNDS`` (3) rounds with the median ratio printed last,
 Freezing the plan (N items, a request audit event per chunk) is timed separately.
 Set ``BENCH_MESSAGES``; ``BENCH_BROKERS=rabbitmq,redis,nats,activemq`` picks brokers.
 ``BENCH_STAGES=1`` also prints, per relay run, where its time went per message: the relay's
-steps (claim, publish and confirm on the publisher thread, recording the outcomes) and the
-relay connection's SQL by statement (a timing wrapper on every statement), largest first.
+steps (claim, publish and confirm on the publisher thread, recording the outcomes), the
+relay connection's SQL by statement (a timing wrapper on every statement), largest first, and
+the CPU of each of the process's threads (which of them holds the interpreter lock).
 The process settles its heap after start-up as a Celery worker does (``config.celery``:
 ``gc.freeze`` of what start-up left alive); ``BENCH_SETTLE_HEAP=0`` leaves it as it is, to
 compare. Everything created is deleted again (the database too). Loopback only; every loop is
@@ -33,6 +34,7 @@ import re
 import resource
 import statistics
 import sys
+import threading
 import time
 import uuid
 from typing import Any
@@ -173,13 +175,67 @@ def relay(channel: Any) -> float:
     return rate
 
 
+class ThreadCpu:
+    """CPU per thread of this process during a block (``/proc/self/task``, sampled every
+    50 ms so that a thread that ends inside the block still counts), by thread name: which
+    thread's Python holds the interpreter lock. Empty where there is no ``/proc``."""
+
+    def __init__(self) -> None:
+        self.seen: dict[int, tuple[str, float, float]] = {}  # tid -> (name, first, last)
+        self._stop = threading.Event()
+        self._tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+    def _sample(self) -> None:
+        names = {t.native_id: t.name for t in threading.enumerate()}
+        try:
+            tids = os.listdir("/proc/self/task")
+        except OSError:
+            return
+        for tid_text in tids:
+            tid = int(tid_text)
+            try:
+                with open(f"/proc/self/task/{tid}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue  # ended meanwhile
+            used = (int(fields[11]) + int(fields[12])) / self._tick  # utime + stime
+            name = re.sub(r"_\d+$", "", names.get(tid, f"thread {tid}"))
+            first = self.seen.get(tid, (name, used, used))[1]
+            self.seen[tid] = (name, first, used)
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.05):
+            self._sample()
+
+    def __enter__(self) -> ThreadCpu:
+        self._sample()
+        self._thread = threading.Thread(target=self._run, name="bench-cpu-sampler", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        self._sample()
+
+    def report(self, n: int) -> None:
+        by_name: dict[str, float] = {}
+        for name, first, last in self.seen.values():
+            by_name[name] = by_name.get(name, 0.0) + last - first
+        for name, seconds in sorted(by_name.items(), key=lambda kv: -kv[1]):
+            if seconds > 0:
+                print(f"    {1e6 * seconds / n:7.1f} us/msg  CPU of thread {name}")
+
+
 class Stages:
     """``BENCH_STAGES=1``: wall time of the relay's steps and of its connection's statements
-    (by their first words), reported per message."""
+    (by their first words), reported per message, and the CPU of each of this process's
+    threads (``ThreadCpu``)."""
 
     def __init__(self) -> None:
         self.seconds: dict[str, float] = {}
         self.calls: dict[str, int] = {}
+        self.threads = ThreadCpu()
 
     def _add(self, name: str, seconds: float) -> None:
         self.seconds[name] = self.seconds.get(name, 0.0) + seconds
@@ -219,9 +275,11 @@ class Stages:
                                          Publishers.publish)  # type: ignore[method-assign]  # fmt: skip
         self._wrapper = connection.execute_wrapper(self._statement)
         self._wrapper.__enter__()
+        self.threads.__enter__()
         return self
 
     def __exit__(self, *exc: object) -> None:
+        self.threads.__exit__()
         self._wrapper.__exit__(None, None, None)
         for owner, name, original in self._saved:
             setattr(owner, name, original)
@@ -230,6 +288,7 @@ class Stages:
         """Per message, and how often each ran (a database round trip per statement)."""
         for name, seconds in sorted(self.seconds.items(), key=lambda kv: -kv[1])[:14]:
             print(f"    {1e6 * seconds / n:7.1f} us/msg  {self.calls[name]:6d}x  {name}")
+        self.threads.report(n)
 
 
 def _shovel_rate(ch: Any, queue: str, moved: str) -> float:
@@ -259,10 +318,10 @@ def _shovel_rate(ch: Any, queue: str, moved: str) -> float:
     return rate
 
 
-def _median_line(label: str, ratios: list[float]) -> None:
+def _median_line(label: str, ratios: list[float], target: float = 0.5) -> None:
     shown = ", ".join(f"{r:.2f}" for r in ratios)
     print(f"  {label} ratio: {statistics.median(ratios):.2f}x (median of {shown}; "
-          f"target >= 0.5x)")  # fmt: skip
+          f"target >= {target:g}x)")  # fmt: skip
 
 
 def bench_rabbitmq() -> None:
@@ -332,7 +391,8 @@ def bench_redis() -> None:
         finally:
             client.delete(stream, f"{stream}-raw")
     client.close()
-    _median_line("relay/raw", ratios)
+    # Issue 24: 0.25x here, the peer being a pipelined publish with no bookkeeping at all.
+    _median_line("relay/raw", ratios, target=0.25)
 
 
 def bench_nats() -> None:
