@@ -84,8 +84,8 @@ BATCH_SIZE = 500  # items per publish round trip of a plan with a velocity
 
 
 # Without a velocity, larger batches: fewer round trips and commits per message, and the
-# broker's confirms of one batch stream in while it is still being published. 5,000 recorded
-# 20-25 % less per message than 2,000 (docs/performance.md, issue 24's seventh step); the
+# broker's confirms of one batch stream in while it is still being published. Recording 5,000
+# cost 15-20 % less per message than 2,000 (docs/performance.md, issue 24's seventh step); the
 # bodies a batch holds are bounded by ``relay_items.BATCH_BYTES`` whatever the count.
 FAST_BATCH_SIZE = 5000
 
