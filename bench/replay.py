@@ -19,7 +19,7 @@ Set ``BENCH_MESSAGES``; ``BENCH_BROKERS=rabbitmq,redis,nats,activemq`` picks bro
 ``BENCH_STAGES=1`` also prints, per relay run, where its time went per message: the relay's
 steps (claim, publish and confirm on the publisher thread, recording the outcomes), the
 relay connection's SQL by statement (a timing wrapper on every statement), largest first, and
-the CPU of each of the process's threads (which of them holds the interpreter lock).
+the CPU of each of the process's threads (which of them competes for the interpreter lock).
 The process settles its heap after start-up as a Celery worker does (``config.celery``:
 ``gc.freeze`` of what start-up left alive); ``BENCH_SETTLE_HEAP=0`` leaves it as it is, to
 compare. Everything created is deleted again (the database too). Loopback only; every loop is
@@ -177,8 +177,9 @@ def relay(channel: Any) -> float:
 
 class ThreadCpu:
     """CPU per thread of this process during a block (``/proc/self/task``, sampled every
-    50 ms so that a thread that ends inside the block still counts), by thread name: which
-    thread's Python holds the interpreter lock. Empty where there is no ``/proc``."""
+    50 ms so that a thread that ends inside the block still counts), by thread name. Mostly
+    Python run under the interpreter lock, plus the C it calls (JSON, the drivers): which
+    thread competes for the lock. Empty where there is no ``/proc``."""
 
     def __init__(self) -> None:
         self.seen: dict[int, tuple[str, float, float]] = {}  # tid -> (name, first, last)
