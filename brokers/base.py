@@ -283,6 +283,12 @@ class PublishOutcome:
 class DrainSession(abc.ABC):
     """An open consuming session on one dead-letter address, with manual acknowledgement."""
 
+    #: Whether ``fetch`` hands out the next batch while the one before is unacknowledged (up
+    #: to twice the batch): ingest then stores one batch while it fetches and builds the next
+    #: (``dlq.capture.store_stage``). False where the broker holds further messages back until
+    #: the ack (ActiveMQ's page), and by default.
+    fetch_ahead: bool = False
+
     @abc.abstractmethod
     def fetch(self, max_batch: int, wait_s: float) -> list[DeadLetter]:
         """Return up to ``max_batch`` unacknowledged dead letters, waiting at most ``wait_s``

@@ -947,6 +947,8 @@ class NatsDrainSession(_LoopSession, DrainSession):
     One consumer per advisory kind: servers before 2.10 accept only one filter subject, and
     it must be a subset of one of the stream's subjects."""
 
+    fetch_ahead = True  # max_ack_pending is drain_max_ack_pending
+
     def __init__(self, adapter: NatsJetStreamAdapter, address: Address) -> None:
         self.address = address
         durable = drain_consumer_name(address, adapter.installation_id)
@@ -1225,6 +1227,8 @@ class NatsCopyDrainSession(_LoopSession, DrainSession):
     (the stream's own limits bound it). A stream that does not exist yet is an empty drain
     (the poll reports the missing address). Identity: a copy naming its original is
     ``copy_key(stream, seq)``; any other copy is ``nats:<copy stream>:<seq>:copy``."""
+
+    fetch_ahead = True  # max_ack_pending is drain_max_ack_pending
 
     def __init__(self, adapter: NatsJetStreamAdapter, address: Address) -> None:
         self.stream = address.name

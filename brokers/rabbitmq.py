@@ -529,6 +529,8 @@ class RabbitMQDrainSession(DrainSession):
     written, so it is never sent before the caller asked, and its errors still raise here.
     """
 
+    fetch_ahead = True  # the prefetch is twice the batch (_ensure_consuming)
+
     _IDLE_WAIT_S = 0.5  # how long the I/O thread sleeps in select() when nothing happens
 
     def __init__(self, adapter: RabbitMQAdapter, address: Address) -> None:

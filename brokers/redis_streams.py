@@ -497,6 +497,8 @@ class RedisDrainSession(DrainSession):
     pending entries, then idle ones claimed from dead consumers, then new ones (module
     docstring). Every step reads at most ``max_batch`` entries."""
 
+    fetch_ahead = True  # a group's pending list has no bound
+
     def __init__(
         self, adapter: RedisStreamsAdapter, stream: str, consumer: str | None = None
     ) -> None:

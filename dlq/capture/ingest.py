@@ -16,6 +16,10 @@ Per channel and dead-letter address (``ingest_channel``):
    A crash after the commit and before the ack is the same case.
 5. Stop after ``max_batches`` so one run is bounded.
 
+On PostgreSQL, outside a caller's transaction, step 3 of one batch runs on a thread of its own
+while this thread fetches and builds the rows of the next (``store_stage.StoreStage``); the acks
+stay on this thread, in order, each after its batch's commit.
+
 Fault injection (tests only): with ``DLO_TEST_CRASH_AFTER_COMMIT=1`` in the environment the
 process ends with ``os._exit(137)`` right after the first commit, before its ack — exactly the
 window a ``kill -9`` hits by luck only.
@@ -26,7 +30,6 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import logging
-import os
 from collections.abc import Iterable, Sequence
 from typing import Any, cast
 
@@ -55,6 +58,7 @@ from dlq.capture.ingest_build import (  # noqa: F401 - re-exported: bench/triage
     search_text,
 )
 from dlq.capture.lineage import link_replayed_parents
+from dlq.capture.store_stage import StoreFn, StoreStage
 from dlq.models import DeadLetter, DeadLetterKey, FailureGroup, Source
 
 log = logging.getLogger(__name__)
@@ -144,17 +148,48 @@ def store_batch(
 ) -> tuple[int, int]:
     """Insert one batch in one transaction; return (inserted, duplicates) and add the new
     rows' ids to ``stored_ids``. Raises on any database failure, in which case the caller
-    must not ack."""
+    must not ack. The rows are built inside the transaction, from the locked channel row."""
+    return store_built(channel, letters, source, address, stored_ids)
+
+
+@dataclasses.dataclass(frozen=True)
+class BuiltBatch:
+    """A batch's rows built ahead of its transaction (``build_batch``), and when."""
+
+    now: dt.datetime
+    built: list[Built]
+
+
+def build_batch(channel: Channel, letters: Sequence[Letter], source: str) -> BuiltBatch:
+    """The rows of ``letters`` (those no stored NATS copy covers), built from ``channel`` as
+    read now: for ``store_built``, while the batch before is being stored."""
+    now = timezone.now()
+    covered = _covered_by_copies(channel, letters)
+    return BuiltBatch(
+        now,
+        [
+            build_entry(channel, letter, source, now)
+            for letter in letters
+            if letter.dedupe_key not in covered
+        ],
+    )
+
+
+def store_built(
+    channel: Channel,
+    letters: Sequence[Letter],
+    source: str,
+    address: Address,
+    stored_ids: list[int] | None = None,
+    batch: BuiltBatch | None = None,
+) -> tuple[int, int]:
+    """``store_batch`` for rows built already (``batch``), or built here when None."""
     with transaction.atomic():
         # One ingester per channel at a time: the counts below rely on it.
         locked = Channel.objects.select_for_update().select_related("broker").get(pk=channel.pk)
-        now = timezone.now()
-        covered = _covered_by_copies(locked, letters)
-        built = [
-            build_entry(locked, letter, source, now)
-            for letter in letters
-            if letter.dedupe_key not in covered
-        ]
+        if batch is None:
+            batch = build_batch(locked, letters, source)
+        now, built = batch.now, batch.built
         unique: dict[str, Built] = {}
         for b in built:
             unique.setdefault(b.entry.dedupe_key, b)
@@ -360,10 +395,6 @@ def _count_into_groups(
         FailureGroup.objects.filter(pk=group.pk).update(**changes)
 
 
-def _crash_after_commit_requested() -> bool:
-    return os.environ.get("DLO_TEST_CRASH_AFTER_COMMIT") == "1"
-
-
 def ingest_channel(
     channel: Channel, *, max_batches: int = 200, batch_size: int = BATCH_SIZE
 ) -> IngestResult:
@@ -373,15 +404,19 @@ def ingest_channel(
     copies = False  # a NATS copy stream exists and was drained first: advisories may wait
     for address, source in drain_addresses(channel):
         adapter.prepare_drain(address)
-        with adapter.drain(address) as session, search.BackgroundIndexer() as indexer:
+        with (
+            adapter.drain(address) as session,
+            search.BackgroundIndexer() as indexer,
+            StoreStage(session, indexer, result) as stage,
+        ):
             if isinstance(session, NatsCopyDrainSession) and session.available:
                 copies = True
             wait_s = FETCH_WAIT_S
-            fetched_before = result.fetched + result.deferred
+            taken = 0  # letters fetched from this address (stored, deferred or in the stage)
             while result.batches < max_batches:
                 letters = session.fetch(batch_size, wait_s)
                 if not letters:
-                    if result.fetched + result.deferred == fetched_before:
+                    if not taken:
                         # Nothing at all: does the broker say something is waiting?
                         result.stalled += session.waiting() or 0
                     break
@@ -394,7 +429,7 @@ def ingest_channel(
                         wait_s = DRAINED_WAIT_S
                         break
                     letters.extend(more)
-                ids: list[int] = []
+                taken += len(letters)
                 # Left unacknowledged: handed back when the session closes, looked at again by
                 # the next run, once their copies have been drained.
                 waiting = _awaiting_copies(channel, letters) if copies else set()
@@ -403,18 +438,23 @@ def ingest_channel(
                 result.batches += 1
                 if not letters:
                     continue
-                inserted, duplicates = store_batch(channel, letters, source, address, ids)
-                if _crash_after_commit_requested():
-                    os._exit(137)
-                session.ack(letters)
-                # Off the commit-then-ack path: the text index follows the ack, on the
-                # indexer's own thread and connection (caught up by index_missing below).
-                indexer.submit(ids)
-                result.fetched += len(letters)
-                result.inserted += inserted
-                result.duplicates += duplicates
+                stage.submit(letters, _store_fn(channel, letters, source, address, stage.threaded))
     search.index_missing()
     return result
+
+
+def _store_fn(
+    channel: Channel, letters: Sequence[Letter], source: str, address: Address, ahead: bool
+) -> StoreFn:
+    """The store of one batch for ``StoreStage.submit``. ``ahead``: the stage stores on its own
+    thread, so the rows are built here, now, while the batch before is being stored, from the
+    channel row as it stands (its redaction and idempotency settings apply from the next
+    batch on, as they do in the serial loop)."""
+    if not ahead:
+        return lambda ids: store_batch(channel, letters, source, address, ids)
+    current = Channel.objects.select_related("broker").get(pk=channel.pk)
+    batch = build_batch(current, letters, source)
+    return lambda ids: store_built(channel, letters, source, address, ids, batch)
 
 
 def do_ingest_channel(channel_id: int, max_batches: int = 200) -> IngestResult:

@@ -64,6 +64,8 @@ def update_entries(entries: Any, **changes: Any) -> None:
 
 
 class FakeSession(DrainSession):
+    fetch_ahead = True  # hands out whatever is queued, acked or not
+
     def __init__(self, queue: list[Letter], acked: list[Letter], fail_ack: bool = False) -> None:
         self.queue, self.acked, self.fail_ack = queue, acked, fail_ack
         self.outstanding: list[Letter] = []

@@ -7,7 +7,7 @@ from django.core.management import call_command
 from django.db import DatabaseError
 
 from audit.models import AuditEvent
-from dlq.capture import ingest
+from dlq.capture import ingest, store_stage
 from dlq.capture.ingest import do_ingest_channel
 from dlq.models import DeadLetter, FailureGroup, Source, Status
 from tests.conftest import make_channel
@@ -205,7 +205,7 @@ def test_crash_hook_exits_after_commit_before_ack(
         exits.append(code)
         raise SystemExit(code)
 
-    monkeypatch.setattr(ingest.os, "_exit", fake_exit)
+    monkeypatch.setattr(store_stage.os, "_exit", fake_exit)
     with pytest.raises(SystemExit):
         do_ingest_channel(channel.pk)
     assert exits == [137] and fake_adapter.acked == []
