@@ -102,7 +102,7 @@ def run_service(
             wait_s = step()
         except (DatabaseError, InterfaceError) as exc:
             failing = "database"
-            _close_connections()
+            close_connections()
             delay = backoff.next_delay()
             write(f"{name}: database unavailable ({one_line(exc)}); retrying in {delay:.0f} s")
             stop.wait(delay)
@@ -110,7 +110,7 @@ def run_service(
         except Exception as exc:
             failing = "error"
             log.debug("%s step failed", name, exc_info=True)
-            _close_connections()
+            close_connections()
             delay = backoff.next_delay()
             write(f"{name}: step failed ({one_line(exc)}); retrying in {delay:.0f} s")
             stop.wait(delay)
@@ -123,8 +123,9 @@ def run_service(
     write(f"{name}: stopped")
 
 
-def _close_connections() -> None:
-    """Drop every database connection (a broken one included), so the next step reconnects."""
+def close_connections() -> None:
+    """Drop this thread's database connections (a broken one included), so its next step
+    reconnects: for loops and threads that outlive a database outage."""
     for conn in connections.all(initialized_only=True):
         try:
             conn.close()

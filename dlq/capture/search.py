@@ -18,10 +18,10 @@ from collections.abc import Sequence
 from types import TracebackType
 from typing import Any
 
-from django.db import DatabaseError, InterfaceError, connection, connections
+from django.db import DatabaseError, InterfaceError, connection
 from django.db.models import Max
 
-from channels_registry.service import one_line
+from channels_registry.service import close_connections, one_line
 from dlq.models import DeadLetter, SearchText
 
 log = logging.getLogger(__name__)
@@ -144,7 +144,7 @@ class BackgroundIndexer:
                             one_line(exc),
                         )
                     failing = True
-                    _close_quietly()
+                    close_connections()
                     continue
                 except Exception as exc:  # a bug here must not end ingest's hand-over
                     log.warning("search indexing failed (%s); the catch-up retries", one_line(exc))
@@ -152,7 +152,7 @@ class BackgroundIndexer:
                     continue
                 failing = False
         finally:
-            _close_quietly()
+            close_connections()
 
     def _prepared(self) -> bool:
         return bool(getattr(connection, "_dlo_search_prepared", False) and connection.connection)
@@ -166,12 +166,3 @@ class BackgroundIndexer:
         with connection.cursor() as cursor:
             cursor.execute("SET synchronous_commit = off")
         connection._dlo_search_prepared = True  # type: ignore[attr-defined]
-
-
-def _close_quietly() -> None:
-    """Drop this thread's connections (a broken one included), so the next batch reconnects."""
-    for conn in connections.all(initialized_only=True):
-        try:
-            conn.close()
-        except Exception:  # noqa: BLE001 - a dead connection may fail to close; it is gone
-            conn.connection = None

@@ -31,10 +31,10 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from types import TracebackType
 from typing import Protocol
 
-from django.db import connection, connections
+from django.db import connection
 
 from brokers.base import DeadLetter as Letter
-from channels_registry.service import one_line
+from channels_registry.service import close_connections, one_line
 
 log = logging.getLogger(__name__)
 
@@ -136,14 +136,6 @@ class StoreStage:
                     log.warning("ingest: a batch left unacknowledged (%s)", one_line(late))
         finally:
             if self._pool is not None:
-                self._pool.submit(_close_connections).result()
+                # The stage thread's connection, closed before the thread ends.
+                self._pool.submit(close_connections).result()
                 self._pool.shutdown()
-
-
-def _close_connections() -> None:
-    """The stage thread's database connection, closed before the thread ends."""
-    for conn in connections.all(initialized_only=True):
-        try:
-            conn.close()
-        except Exception:  # noqa: BLE001 - a broken connection may fail to close; it is gone
-            conn.connection = None

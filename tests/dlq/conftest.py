@@ -12,7 +12,7 @@ import pytest
 from brokers.base import Address, BrokerAdapter, DrainSession, Publisher
 from brokers.base import DeadLetter as Letter
 from channels_registry.models import Channel
-from dlq.capture import adapters, ingest, search
+from dlq.capture import adapters, ingest, search, store_stage
 from dlq.models import DeadLetter, Source, set_status
 
 _seq = itertools.count(1)
@@ -127,3 +127,18 @@ def fake_adapter(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeAdapter]:
     adapter = FakeAdapter()
     monkeypatch.setattr(adapters, "adapter_for", lambda channel: adapter)
     yield adapter
+
+
+@pytest.fixture
+def crash_exits(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Ingest's crash-after-commit hook on (``DLO_TEST_CRASH_AFTER_COMMIT``), its ``os._exit``
+    raising ``SystemExit`` instead: the exit codes, in order."""
+    monkeypatch.setenv("DLO_TEST_CRASH_AFTER_COMMIT", "1")
+    exits: list[int] = []
+
+    def fake_exit(code: int) -> None:
+        exits.append(code)
+        raise SystemExit(code)
+
+    monkeypatch.setattr(store_stage.os, "_exit", fake_exit)
+    return exits

@@ -7,7 +7,7 @@ from django.core.management import call_command
 from django.db import DatabaseError
 
 from audit.models import AuditEvent
-from dlq.capture import ingest, store_stage
+from dlq.capture import ingest
 from dlq.capture.ingest import do_ingest_channel
 from dlq.models import DeadLetter, FailureGroup, Source, Status
 from tests.conftest import make_channel
@@ -194,19 +194,11 @@ def test_ingest_command_prints_a_summary(fake_adapter: FakeAdapter, capsys: Any)
 
 
 def test_crash_hook_exits_after_commit_before_ack(
-    fake_adapter: FakeAdapter, monkeypatch: pytest.MonkeyPatch
+    fake_adapter: FakeAdapter, crash_exits: list[int]
 ) -> None:
     channel = make_channel()
     fake_adapter.queues["orders.dlq"] = [letter()]
-    monkeypatch.setenv("DLO_TEST_CRASH_AFTER_COMMIT", "1")
-    exits: list[int] = []
-
-    def fake_exit(code: int) -> None:
-        exits.append(code)
-        raise SystemExit(code)
-
-    monkeypatch.setattr(store_stage.os, "_exit", fake_exit)
     with pytest.raises(SystemExit):
         do_ingest_channel(channel.pk)
-    assert exits == [137] and fake_adapter.acked == []
+    assert crash_exits == [137] and fake_adapter.acked == []
     assert DeadLetter.objects.count() == 1

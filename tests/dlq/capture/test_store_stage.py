@@ -13,7 +13,7 @@ from django.db import DatabaseError, connection
 
 from brokers.base import BrokerError
 from brokers.base import DeadLetter as Letter
-from dlq.capture import ingest, store_stage
+from dlq.capture import ingest
 from dlq.capture.ingest import do_ingest_channel
 from dlq.models import DeadLetter, SearchText
 from tests.conftest import make_channel
@@ -196,20 +196,12 @@ def test_a_failure_while_a_batch_is_stored_still_acks_it_once_committed(
 
 
 def test_crash_after_commit_exits_before_the_ack(
-    checked: CheckedAdapter, store_threads: list[str], monkeypatch: pytest.MonkeyPatch
+    checked: CheckedAdapter, store_threads: list[str], crash_exits: list[int]
 ) -> None:
     channel = make_channel()
     checked.queues["orders.dlq"] = [letter(b'{"n": %d}' % i) for i in range(3)]
-    monkeypatch.setenv("DLO_TEST_CRASH_AFTER_COMMIT", "1")
-    exits: list[int] = []
-
-    def fake_exit(code: int) -> None:
-        exits.append(code)
-        raise SystemExit(code)
-
-    monkeypatch.setattr(store_stage.os, "_exit", fake_exit)
     with pytest.raises(SystemExit):
         do_ingest_channel(channel.pk)
-    assert exits == [137] and checked.acked == []
+    assert crash_exits == [137] and checked.acked == []
     assert store_threads[0].startswith("dlq-ingest-store")
     assert DeadLetter.objects.count() == 3  # committed by the stage's thread
