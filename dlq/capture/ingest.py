@@ -139,19 +139,6 @@ def drain_addresses(channel: Channel) -> list[tuple[Address, str]]:
 # -- one batch: store, then (caller) ack -------------------------------------------------
 
 
-def store_batch(
-    channel: Channel,
-    letters: Sequence[Letter],
-    source: str,
-    address: Address,
-    stored_ids: list[int] | None = None,
-) -> tuple[int, int]:
-    """Insert one batch in one transaction; return (inserted, duplicates) and add the new
-    rows' ids to ``stored_ids``. Raises on any database failure, in which case the caller
-    must not ack. The rows are built inside the transaction, from the locked channel row."""
-    return store_built(channel, letters, source, address, stored_ids)
-
-
 @dataclasses.dataclass(frozen=True)
 class BuiltBatch:
     """A batch's rows built ahead of its transaction (``build_batch``), and when."""
@@ -162,7 +149,7 @@ class BuiltBatch:
 
 def build_batch(channel: Channel, letters: Sequence[Letter], source: str) -> BuiltBatch:
     """The rows of ``letters`` (those no stored NATS copy covers), built from ``channel`` as
-    read now: for ``store_built``, while the batch before is being stored."""
+    read now: for ``store_batch``, ahead of it or inside its transaction."""
     now = timezone.now()
     covered = _covered_by_copies(channel, letters)
     return BuiltBatch(
@@ -175,7 +162,7 @@ def build_batch(channel: Channel, letters: Sequence[Letter], source: str) -> Bui
     )
 
 
-def store_built(
+def store_batch(
     channel: Channel,
     letters: Sequence[Letter],
     source: str,
@@ -183,7 +170,10 @@ def store_built(
     stored_ids: list[int] | None = None,
     batch: BuiltBatch | None = None,
 ) -> tuple[int, int]:
-    """``store_batch`` for rows built already (``batch``), or built here when None."""
+    """Insert one batch in one transaction; return (inserted, duplicates) and add the new
+    rows' ids to ``stored_ids``. Raises on any database failure, in which case the caller
+    must not ack. The rows are ``batch`` when built ahead (``build_batch``), else built here,
+    inside the transaction, from the locked channel row."""
     with transaction.atomic():
         # One ingester per channel at a time: the counts below rely on it.
         locked = Channel.objects.select_for_update().select_related("broker").get(pk=channel.pk)
@@ -450,11 +440,11 @@ def _store_fn(
     thread, so the rows are built here, now, while the batch before is being stored, from the
     channel row as it stands (its redaction and idempotency settings apply from the next
     batch on, as they do in the serial loop)."""
-    if not ahead:
-        return lambda ids: store_batch(channel, letters, source, address, ids)
-    current = Channel.objects.select_related("broker").get(pk=channel.pk)
-    batch = build_batch(current, letters, source)
-    return lambda ids: store_built(channel, letters, source, address, ids, batch)
+    batch: BuiltBatch | None = None
+    if ahead:
+        current = Channel.objects.select_related("broker").get(pk=channel.pk)
+        batch = build_batch(current, letters, source)
+    return lambda ids: store_batch(channel, letters, source, address, ids, batch)
 
 
 def do_ingest_channel(channel_id: int, max_batches: int = 200) -> IngestResult:

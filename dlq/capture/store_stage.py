@@ -59,7 +59,7 @@ class _Counts(Protocol):
     duplicates: int
 
 
-def crash_after_commit_requested() -> bool:
+def _crash_after_commit_requested() -> bool:
     """Fault injection (tests only): end the process after a commit, before its ack."""
     return os.environ.get("DLO_TEST_CRASH_AFTER_COMMIT") == "1"
 
@@ -108,7 +108,7 @@ class StoreStage:
         self._acked(letters, ids, future.result())
 
     def _acked(self, letters: Sequence[Letter], ids: list[int], counts: tuple[int, int]) -> None:
-        if crash_after_commit_requested():
+        if _crash_after_commit_requested():
             os._exit(137)
         self._session.ack(letters)
         # Off the commit-then-ack path: the text index follows the ack, on the indexer's own

@@ -85,7 +85,7 @@ def checked(monkeypatch: pytest.MonkeyPatch) -> CheckedAdapter:
 def store_threads(monkeypatch: pytest.MonkeyPatch, checked: CheckedAdapter) -> list[str]:
     """The thread each batch's transaction ran on, noted in the adapter's events too."""
     seen: list[str] = []
-    real = ingest.store_built
+    real = ingest.store_batch
 
     def noted(*args: Any, **kwargs: Any) -> tuple[int, int]:
         seen.append(threading.current_thread().name)
@@ -93,7 +93,7 @@ def store_threads(monkeypatch: pytest.MonkeyPatch, checked: CheckedAdapter) -> l
         checked.events.append(f"commit {counts[0]}")
         return counts
 
-    monkeypatch.setattr(ingest, "store_built", noted)
+    monkeypatch.setattr(ingest, "store_batch", noted)
     return seen
 
 
